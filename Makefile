@@ -1,0 +1,36 @@
+# Set-up is two commands: `make demo` and `make test`. Both create or reuse .venv.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: 2.13.0 is the CPU wheel on local disk; an unpinned
+	# torch would pull the multi-GB CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/tracekit demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check tracekit tests benchmarks
+	$(BIN)/ruff format --check tracekit tests benchmarks
+	$(BIN)/mypy tracekit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/ingest.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

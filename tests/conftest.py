@@ -1,0 +1,28 @@
+"""Fixtures every test directory may use. Subdirectories keep their own conftest.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpus" / "traces"
+
+
+@pytest.fixture
+def corpus_dir() -> Path:
+    """The shared corpus of real trace files; tests skip when it is absent."""
+    if not CORPUS.is_dir():
+        pytest.skip(f"trace corpus not found at {CORPUS}")
+    return CORPUS
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    """A fresh store in a real DuckDB file."""
+    from tracekit.analysis.store import open_store
+
+    s = open_store(tmp_path / "tracekit.duckdb")
+    yield s
+    s.close()

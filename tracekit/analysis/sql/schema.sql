@@ -1,0 +1,67 @@
+-- tracekit store schema. One row per span in `spans`; `requests` and `request_stages`
+-- are derived by tracekit.analysis.attribution.refresh() after each ingest.
+-- IDs are lower-case hex (trace 32 chars, span 16 chars); times are integer nanoseconds.
+
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id            VARCHAR NOT NULL,
+    span_id             VARCHAR NOT NULL,
+    parent_span_id      VARCHAR,            -- NULL for a root; may name a span not in the store
+    name                VARCHAR NOT NULL,
+    kind                VARCHAR NOT NULL,   -- INTERNAL SERVER CLIENT PRODUCER CONSUMER UNSPECIFIED
+    start_ns            BIGINT,             -- NULL when the source had no timestamps
+    end_ns              BIGINT,
+    status_code         VARCHAR NOT NULL,   -- UNSET OK ERROR
+    service_name        VARCHAR,
+    service_version     VARCHAR,
+    instance_id         VARCHAR,
+    host_name           VARCHAR,
+    stage               VARCHAR,            -- tracekit.stage as written on the span (not inherited)
+    time_kind           VARCHAR,            -- tracekit.time_kind as written on the span
+    cpu_time_ns         BIGINT,
+    gpu_time_ns         BIGINT,
+    sample_weight       DOUBLE NOT NULL DEFAULT 1.0,
+    attributes          JSON,               -- span attributes, OTLP AnyValue decoded to JSON
+    resource_attributes JSON,
+    links               JSON,               -- [{"trace_id":..,"span_id":..,"attributes":{..}}]
+    source              VARCHAR,            -- "file:line" the span came from
+    PRIMARY KEY (trace_id, span_id)
+);
+
+CREATE TABLE IF NOT EXISTS requests (
+    trace_id          VARCHAR PRIMARY KEY,
+    root_span_id      VARCHAR NOT NULL,
+    service_name      VARCHAR,
+    release           VARCHAR,              -- service.version of the root span's resource (or --version)
+    instance_id       VARCHAR,
+    host_name         VARCHAR,
+    name              VARCHAR,              -- root span name, e.g. "POST /predict"
+    route             VARCHAR,              -- http.route when present
+    start_ns          BIGINT NOT NULL,
+    duration_ns       BIGINT NOT NULL,
+    is_error          BOOLEAN NOT NULL,
+    sample_weight     DOUBLE NOT NULL,
+    inflight          DOUBLE,
+    queue_depth       DOUBLE,
+    cpu_utilization   DOUBLE,
+    gpu_utilization   DOUBLE,
+    span_count        INTEGER NOT NULL,
+    skewed_spans      INTEGER NOT NULL      -- children clipped to their parent (clock skew)
+);
+
+CREATE TABLE IF NOT EXISTS request_stages (
+    trace_id     VARCHAR NOT NULL,
+    stage        VARCHAR NOT NULL,          -- a stage name or 'unattributed'
+    time_kind    VARCHAR NOT NULL,          -- wait | compute
+    critical_ns  BIGINT NOT NULL,           -- time of this stage on the request's critical path
+    wall_ns      BIGINT NOT NULL,           -- wall time of the stage's own spans (union, clipped)
+    cpu_time_ns  BIGINT,                    -- sum of tracekit.cpu_time_ns, NULL when never measured
+    gpu_time_ns  BIGINT,                    -- sum of tracekit.gpu_time_ns, NULL when never measured
+    PRIMARY KEY (trace_id, stage)
+);
+
+CREATE TABLE IF NOT EXISTS ingest_log (
+    ingested_at  TIMESTAMP DEFAULT current_timestamp,
+    source       VARCHAR,
+    spans        BIGINT,
+    problems     BIGINT
+);

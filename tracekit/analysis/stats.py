@@ -1,0 +1,208 @@
+"""Statistics for tails: weighted quantiles and bootstrap intervals on quantile deltas.
+
+Latency distributions are skewed and their tails are what matters, so everything here
+works on raw per-request values (no trimming, no normal approximation). Weights carry
+``tracekit.sample.weight`` (a request kept 1 in N stands for N requests).
+
+The bootstrap is a Poisson bootstrap on sorted values: each replicate reweights every
+request by a Poisson(1) count, so one cumulative sum per replicate gives every quantile
+at once. That keeps 100k requests × 400 replicates well under a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+DEFAULT_BOOTSTRAP = 400
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _prepare(values: npt.ArrayLike, weights: npt.ArrayLike | None) -> tuple[FloatArray, FloatArray]:
+    x = np.asarray(values, dtype=np.float64)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
+    if x.shape != w.shape:
+        raise ValueError("values and weights differ in length")
+    order = np.argsort(x, kind="stable")
+    return x[order], w[order]
+
+
+def _quantiles_sorted(x: FloatArray, cum: FloatArray, qs: FloatArray) -> FloatArray:
+    """Inverse-CDF quantiles of sorted ``x`` with cumulative weights ``cum`` (last = total)."""
+    total = cum[..., -1:]
+    idx = np.empty(cum.shape[:-1] + (len(qs),), dtype=np.int64)
+    targets = qs * total  # broadcast: (..., len(qs))
+    if cum.ndim == 1:
+        idx = np.searchsorted(cum, targets, side="left")
+    else:
+        for i in range(cum.shape[0]):
+            idx[i] = np.searchsorted(cum[i], targets[i], side="left")
+    idx = np.clip(idx, 0, len(x) - 1)
+    return x[idx]
+
+
+def weighted_quantiles(
+    values: npt.ArrayLike, qs: Sequence[float], weights: npt.ArrayLike | None = None
+) -> FloatArray:
+    """Quantiles ``qs`` (0..1) of ``values`` weighted by ``weights`` (inverse CDF, type 1).
+
+    The q-quantile is the smallest value whose cumulative weight reaches q of the total,
+    so p99 of 100 equal-weight values is the 99th smallest. Empty input gives NaN.
+    """
+    q = np.asarray(qs, dtype=np.float64)
+    x, w = _prepare(values, weights)
+    if len(x) == 0 or w.sum() <= 0:
+        return np.full(len(q), np.nan)
+    return _quantiles_sorted(x, np.cumsum(w), q)
+
+
+def weighted_quantile(
+    values: npt.ArrayLike, q: float, weights: npt.ArrayLike | None = None
+) -> float:
+    """One weighted quantile; see :func:`weighted_quantiles`."""
+    return float(weighted_quantiles(values, [q], weights)[0])
+
+
+def bootstrap_quantiles(
+    values: npt.ArrayLike,
+    qs: Sequence[float],
+    weights: npt.ArrayLike | None = None,
+    *,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    rng: np.random.Generator,
+) -> FloatArray:
+    """Replicates of the quantiles: an array of shape (n_boot, len(qs))."""
+    q = np.asarray(qs, dtype=np.float64)
+    x, w = _prepare(values, weights)
+    out = np.full((n_boot, len(q)), np.nan)
+    if len(x) == 0:
+        return out
+    # Chunk replicates so memory stays near 40 MB whatever the sample size.
+    chunk = max(1, min(n_boot, 5_000_000 // max(len(x), 1)))
+    done = 0
+    while done < n_boot:
+        k = min(chunk, n_boot - done)
+        counts = rng.poisson(1.0, size=(k, len(x))).astype(np.float64)
+        cum = np.cumsum(counts * w, axis=1)
+        empty = cum[:, -1] <= 0
+        cum[empty] = np.cumsum(w)  # a replicate that drew nothing keeps the sample
+        out[done : done + k] = _quantiles_sorted(x, cum, q)
+        done += k
+    return out
+
+
+@dataclass(frozen=True)
+class QuantileDelta:
+    """Change of one quantile from ``before`` to ``after``, with a bootstrap interval."""
+
+    q: float
+    before: float
+    after: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    rel_delta: float
+    """after / before - 1 (NaN when before is 0)."""
+    rel_ci_low: float
+    rel_ci_high: float
+    before_tail_n: float
+    """Weighted count of before-requests at or beyond the quantile."""
+    after_tail_n: float
+    replicates: FloatArray = field(repr=False, compare=False)
+    """Bootstrap replicates of after - before (for p-values and other levels)."""
+    rel_replicates: FloatArray = field(repr=False, compare=False)
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes zero."""
+        return self.ci_low > 0 or self.ci_high < 0
+
+
+def tail_count(values: npt.ArrayLike, q: float, weights: npt.ArrayLike | None = None) -> float:
+    """Weighted number of values at or above the q-quantile."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        return 0.0
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
+    cut = weighted_quantile(x, q, w)
+    return float(w[x >= cut].sum())
+
+
+def quantile_deltas(
+    before: npt.ArrayLike,
+    after: npt.ArrayLike,
+    qs: Sequence[float] = DEFAULT_QUANTILES,
+    *,
+    before_weights: npt.ArrayLike | None = None,
+    after_weights: npt.ArrayLike | None = None,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = 0,
+) -> list[QuantileDelta]:
+    """Quantile changes with percentile-bootstrap intervals at ``confidence``.
+
+    Before and after are resampled independently; the same replicate gives every
+    quantile, so the intervals of several quantiles are consistent with each other.
+    """
+    rng = np.random.default_rng(seed)
+    b = np.asarray(before, dtype=np.float64)
+    a = np.asarray(after, dtype=np.float64)
+    qb = weighted_quantiles(b, qs, before_weights)
+    qa = weighted_quantiles(a, qs, after_weights)
+    rb = bootstrap_quantiles(b, qs, before_weights, n_boot=n_boot, rng=rng)
+    ra = bootstrap_quantiles(a, qs, after_weights, n_boot=n_boot, rng=rng)
+    diff = ra - rb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
+    alpha = (1.0 - confidence) / 2.0
+    out = []
+    for i, q in enumerate(qs):
+        d = diff[:, i]
+        r = rel[:, i]
+        lo, hi = _interval(d, alpha)
+        rlo, rhi = _interval(r, alpha)
+        rel_delta = float(qa[i] / qb[i] - 1.0) if qb[i] > 0 else float("nan")
+        out.append(
+            QuantileDelta(
+                q=float(q),
+                before=float(qb[i]),
+                after=float(qa[i]),
+                delta=float(qa[i] - qb[i]),
+                ci_low=lo,
+                ci_high=hi,
+                rel_delta=rel_delta,
+                rel_ci_low=rlo,
+                rel_ci_high=rhi,
+                before_tail_n=tail_count(b, q, before_weights),
+                after_tail_n=tail_count(a, q, after_weights),
+                replicates=d,
+                rel_replicates=r,
+            )
+        )
+    return out
+
+
+def _interval(reps: FloatArray, alpha: float) -> tuple[float, float]:
+    finite = reps[np.isfinite(reps)]
+    if len(finite) == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(finite, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values (family-wise error control, any dependence)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

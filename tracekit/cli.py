@@ -1,0 +1,71 @@
+"""The ``tracekit`` command: parse arguments, call one library function, render.
+
+Each subcommand lives in ``tracekit/commands/<name>.py`` and exposes
+``register(subparsers)``; the handler it sets returns an exit code. Any
+:class:`~tracekit.errors.TracekitError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tracekit import __version__
+from tracekit.errors import TracekitError
+
+COMMANDS: tuple[str, ...] = (
+    "ingest",
+    "summary",
+    "diff",
+    "slow",
+    "explain",
+    "gate",
+    "autoscale",
+    "demo",
+)
+
+DESCRIPTION = """\
+tracekit tells you where an inference request's latency goes and what a release changed.
+
+Typical use:
+  tracekit ingest traces.jsonl              # OTLP JSON(L) or Jaeger JSON into tracekit.duckdb
+  tracekit diff --before v1 --after v2      # which stage grew the tail, wait or compute
+  tracekit gate --before v1 --after v2      # release gate for CI (exit 0 pass, 1 fail, 3 inconclusive)
+  tracekit demo                             # a real service, a real regression, found end to end
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracekit",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tracekit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"tracekit.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args))
+    except TracekitError as exc:
+        print(f"tracekit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tracekit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The span conventions: every attribute and stage name tracekit writes or reads.
+
+This module is the contract between ``tracekit.instrumentation`` (which writes spans)
+and ``tracekit.analysis`` (which reads them). OpenTelemetry semantic-convention names
+are used wherever one exists; tracekit's own names live under ``tracekit.``.
+No other module spells these strings: import them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- OpenTelemetry semantic conventions (resource) -------------------------------
+SERVICE_NAME: Final = "service.name"
+"""Logical service name (resource)."""
+SERVICE_VERSION: Final = "service.version"
+"""Release label (resource); ``--before``/``--after`` select on it."""
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+"""One replica (resource); the analyzer counts live replicas per window from it."""
+HOST_NAME: Final = "host.name"
+"""Host the process runs on (resource)."""
+
+# --- OpenTelemetry semantic conventions (span) -----------------------------------
+HTTP_ROUTE: Final = "http.route"
+"""Matched route template of a SERVER span, e.g. ``/predict``."""
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+"""HTTP method."""
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+"""HTTP status code of the response."""
+HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
+"""Ordinal of a retried HTTP request (1 for the first retry)."""
+SERVER_ADDRESS: Final = "server.address"
+"""Host name or address of the server a CLIENT span called."""
+SERVER_PORT: Final = "server.port"
+"""Port of the server a CLIENT span called."""
+URL_FULL: Final = "url.full"
+"""Absolute URL a CLIENT span requested."""
+ERROR_TYPE: Final = "error.type"
+"""Class of error a span ended with (exception type name or status code)."""
+
+# --- tracekit: request (root SERVER) span -----------------------------------------
+INFLIGHT: Final = "tracekit.inflight"
+"""Requests in flight in this process when this one arrived (itself included)."""
+QUEUE_DEPTH: Final = "tracekit.queue.depth"
+"""Batch-queue length when this request arrived."""
+CPU_UTILIZATION: Final = "tracekit.cpu.utilization"
+"""Process CPU use, 0..1 of the cores it may use, over a recent window."""
+GPU_UTILIZATION: Final = "tracekit.gpu.utilization"
+"""GPU busy fraction 0..1 over a recent window (absent without a GPU)."""
+
+# --- tracekit: stage spans ------------------------------------------------------
+STAGE: Final = "tracekit.stage"
+"""Serving stage this span (and its descendants) belongs to."""
+TIME_KIND: Final = "tracekit.time_kind"
+"""``wait`` or ``compute``: what kind of time the stage spends."""
+CPU_TIME_NS: Final = "tracekit.cpu_time_ns"
+"""CPU time the stage's thread used, when one thread ran the whole stage."""
+GPU_TIME_NS: Final = "tracekit.gpu_time_ns"
+"""Device time between CUDA events around the stage."""
+GPU_SYNC: Final = "tracekit.gpu.sync"
+"""How device time was taken: ``event``, ``device`` or ``none``."""
+CACHE_HIT: Final = "tracekit.cache.hit"
+"""Feature retrieval: whether the lookup was served from cache."""
+BATCH_ID: Final = "tracekit.batch.id"
+"""batch_queue / model_execute: id of the batch this request joined."""
+BATCH_SIZE: Final = "tracekit.batch.size"
+"""batch_queue / model_execute: number of requests in that batch."""
+QUEUE_FILL_WAIT_NS: Final = "tracekit.queue.fill_wait_ns"
+"""batch_queue: time spent waiting for the batch to fill."""
+QUEUE_WORKER_WAIT_NS: Final = "tracekit.queue.worker_wait_ns"
+"""batch_queue: time spent waiting for a free worker once the batch closed."""
+BATCH_REQUEST_COUNT: Final = "tracekit.batch.request_count"
+"""Batch span: number of member requests (each linked from the batch span)."""
+SAMPLE_WEIGHT: Final = "tracekit.sample.weight"
+"""Adjusted count when a sampler kept 1 in N (1 when absent)."""
+
+# --- stage names ------------------------------------------------------------------
+FEATURE_RETRIEVAL: Final = "feature_retrieval"
+"""Fetching features (feature store, cache, embeddings)."""
+PREPROCESS: Final = "preprocess"
+"""Turning the request into model input (tokenising, tensor building)."""
+BATCH_QUEUE: Final = "batch_queue"
+"""Waiting in the dynamic batcher: for the batch to fill, then for a worker."""
+MODEL_EXECUTE: Final = "model_execute"
+"""Running the model (each request is charged its batch's whole execution)."""
+POSTPROCESS: Final = "postprocess"
+"""Turning model output into the response."""
+DOWNSTREAM: Final = "downstream"
+"""Calls to other services (HTTP, RPC); their own spans count here too."""
+UNATTRIBUTED: Final = "unattributed"
+"""Analysis only: time on the critical path inside the request but in no stage."""
+
+STAGES: Final = (FEATURE_RETRIEVAL, PREPROCESS, BATCH_QUEUE, MODEL_EXECUTE, POSTPROCESS, DOWNSTREAM)
+"""The built-in stages in request order; users may add their own names."""
+
+# --- time kinds -------------------------------------------------------------------
+WAIT: Final = "wait"
+"""Time spent waiting on something else (I/O, a queue, another service)."""
+COMPUTE: Final = "compute"
+"""Time spent computing on this process's CPU or its device."""
+HIDDEN_WAIT: Final = "hidden_wait"
+"""Analysis only: a compute stage whose wall time grew while its CPU/GPU time did not."""
+TIME_KINDS: Final = (WAIT, COMPUTE)
+"""Values ``tracekit.time_kind`` may take on a span."""
+
+DEFAULT_TIME_KIND: Final[dict[str, str]] = {
+    FEATURE_RETRIEVAL: WAIT,
+    PREPROCESS: COMPUTE,
+    BATCH_QUEUE: WAIT,
+    MODEL_EXECUTE: COMPUTE,
+    POSTPROCESS: COMPUTE,
+    DOWNSTREAM: WAIT,
+}
+"""Default ``time_kind`` per built-in stage; user stages default to ``compute``."""
+
+# --- gpu sync modes ---------------------------------------------------------------
+SYNC_EVENT: Final = "event"
+"""CUDA events around the work; wait only for this work's end event."""
+SYNC_DEVICE: Final = "device"
+"""``torch.cuda.synchronize()`` after the work: waits for all queued device work."""
+SYNC_NONE: Final = "none"
+"""No device time taken (CPU-only, or timing deliberately skipped)."""
+
+# --- span names the instrumentation writes ---------------------------------------
+BATCH_SPAN_NAME: Final = "tracekit.batch"
+"""Name of the span that covers one batch execution and links to its member requests."""
+
+
+def default_time_kind(stage: str) -> str:
+    """The ``time_kind`` a stage gets when the span does not say."""
+    return DEFAULT_TIME_KIND.get(stage, COMPUTE)

@@ -1,0 +1,4 @@
+"""Renderers: analysis results (dataclasses) → table, json or markdown text.
+
+Renderers never query the store; analysis functions never print.
+"""

@@ -1,0 +1,84 @@
+"""Formatting pieces every renderer shares: milliseconds, percentages, JSON, tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def ms(value: float | None, digits: int = 1) -> str:
+    """``12.3 ms``; ``–`` for missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f} ms"
+
+
+def signed_ms(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:+.{digits}f} ms"
+
+
+def pct(value: float | None, digits: int = 0, signed: bool = False) -> str:
+    """A 0..1 fraction as a percentage (``0.42`` → ``42%``)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value * 100:{'+' if signed else ''}.{digits}f}%"
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [_jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, np.generic):
+        return _jsonable(obj.item())
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else round(obj, 6)
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    """Stable JSON: dataclasses become objects, NaN/inf become null, keys keep their order."""
+    return json.dumps(_jsonable(obj), indent=2, allow_nan=False)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table (pipes in cells escaped)."""
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |"]
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    lines.extend("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def rich_to_text(*renderables: Any, width: int = 110) -> str:
+    """Render rich objects to a string (colour only when stdout is a terminal)."""
+    import sys
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=width,
+        force_terminal=sys.stdout.isatty(),
+        color_system="auto" if sys.stdout.isatty() else None,
+        highlight=False,
+    )
+    for r in renderables:
+        console.print(r)
+    return buf.getvalue()
