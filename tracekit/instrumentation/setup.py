@@ -1,0 +1,381 @@
+"""Process-wide set-up: ``configure()``, ``shutdown()`` and the tracer everyone uses.
+
+Owns the one SDK ``TracerProvider`` tracekit writes to, the resource that names the
+service, its release and its replica, and the export pipelines. Every tracekit
+instrumentation takes its tracer from :data:`PROVIDER`, a proxy that follows
+re-configuration: an app instrumented before ``configure()`` (or reconfigured in a
+test) still lands in the current provider, and before any ``configure()`` spans are
+no-ops.
+
+Precedence, per value: the ``configure()`` argument, then the standard variable
+(``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``), then the
+default.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from tracekit import conventions as c
+from tracekit.errors import ConfigError
+from tracekit.instrumentation import _guard
+from tracekit.instrumentation.exporters import ExportPipeline, OTLPJsonFileExporter, quiet_repeats
+
+# --- environment: each variable declared once ----------------------------------
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+ENV_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+ENV_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
+ENV_TRACES_FILE = "TRACEKIT_TRACES_FILE"
+"""Where the file exporter writes when ``path`` is not given."""
+
+DEFAULT_TRACES_FILE = "traces.jsonl"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+EXPORTERS = ("file", "otlp", "otlp-http", "otlp-grpc")
+"""Exporter names ``configure(exporter=...)`` accepts, beside ``SpanExporter`` instances."""
+
+_semconv_lock = threading.Lock()
+_INSTANCE_ID = str(uuid.uuid4())  # one replica = one process, stable across configure() calls
+
+
+# --- the proxy every instrumentation holds ---------------------------------------
+
+
+class _ProxyTracer(trace.Tracer):
+    """Delegates to a tracer of whichever provider is current."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self._args = args
+        self._generation = -1
+        self._tracer: trace.Tracer = trace.NoOpTracer()
+
+    def _current(self) -> trace.Tracer:
+        state = _STATE
+        if self._generation != state.generation:
+            provider = state.provider
+            self._tracer = provider.get_tracer(*self._args) if provider else trace.NoOpTracer()
+            self._generation = state.generation
+        return self._tracer
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return self._current().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._current().start_as_current_span(*args, **kwargs)
+
+
+class _ProxyTracerProvider(trace.TracerProvider):
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Any = None,
+    ) -> trace.Tracer:
+        return _ProxyTracer(
+            (instrumenting_module_name, instrumenting_library_version, schema_url, attributes)
+        )
+
+
+PROVIDER: trace.TracerProvider = _ProxyTracerProvider()
+"""Pass this to OTel instrumentations: it always reaches the current configuration."""
+
+
+def tracer(name: str) -> trace.Tracer:
+    """A tracer that follows ``configure()`` / ``shutdown()``."""
+    return PROVIDER.get_tracer(name)
+
+
+# --- state -----------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    generation: int = 0
+    provider: TracerProvider | None = None
+    key: tuple[Any, ...] | None = None
+    pipelines: list[ExportPipeline] = field(default_factory=list)
+
+
+_STATE = _State()
+_LOCK = threading.RLock()
+_atexit_registered = False
+
+
+class _SampleWeight(SpanProcessor):
+    """Marks spans whose keep/drop decision this process made with 1/ratio."""
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if span.parent is None:
+            span.set_attribute(c.SAMPLE_WEIGHT, self.weight)
+
+
+def _parse_resource_env(raw: str) -> dict[str, str]:
+    attrs: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"{ENV_RESOURCE_ATTRIBUTES}: entry {item.strip()!r} is not key=value; "
+                "write it as key1=value1,key2=value2"
+            )
+        attrs[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return attrs
+
+
+def _resource_attributes(
+    service_name: str | None,
+    service_version: str | None,
+    instance_id: str | None,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    attrs: dict[str, Any] = {c.HOST_NAME: socket.gethostname(), c.SERVICE_INSTANCE_ID: _INSTANCE_ID}
+    attrs.update(_parse_resource_env(os.environ.get(ENV_RESOURCE_ATTRIBUTES, "")))
+    if os.environ.get(ENV_SERVICE_NAME, "").strip():
+        attrs[c.SERVICE_NAME] = os.environ[ENV_SERVICE_NAME].strip()
+    attrs.update(extra or {})
+    for key, value in (
+        (c.SERVICE_NAME, service_name),
+        (c.SERVICE_VERSION, service_version),
+        (c.SERVICE_INSTANCE_ID, instance_id),
+    ):
+        if value is not None:
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"configure(): {key} must be a non-empty string, got {value!r}")
+            attrs[key] = value
+    attrs.setdefault(c.SERVICE_NAME, "unknown_service")
+    return attrs
+
+
+def _http_endpoint(endpoint: str | None) -> str:
+    """The full OTLP/HTTP traces URL, as the OTel spec builds it from a base URL."""
+    if endpoint is None:
+        signal = os.environ.get(ENV_OTLP_TRACES_ENDPOINT, "").strip()
+        if signal:
+            return signal
+        endpoint = os.environ.get(ENV_OTLP_ENDPOINT, "").strip() or DEFAULT_HTTP_ENDPOINT
+    parsed = urllib.parse.urlparse(endpoint)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(
+            f"OTLP endpoint {endpoint!r} is not an http(s) URL like {DEFAULT_HTTP_ENDPOINT}"
+        )
+    if parsed.path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/traces"
+    return endpoint
+
+
+def _grpc_endpoint(endpoint: str | None) -> str:
+    if endpoint is None:
+        endpoint = (
+            os.environ.get(ENV_OTLP_TRACES_ENDPOINT, "").strip()
+            or os.environ.get(ENV_OTLP_ENDPOINT, "").strip()
+            or DEFAULT_GRPC_ENDPOINT
+        )
+    return endpoint
+
+
+def _exporter_names(
+    exporter: str | SpanExporter | Sequence[str | SpanExporter] | None,
+    path: str | os.PathLike[str] | None,
+    endpoint: str | None,
+) -> list[str | SpanExporter]:
+    if exporter is None:
+        env_endpoint = os.environ.get(ENV_OTLP_TRACES_ENDPOINT) or os.environ.get(ENV_OTLP_ENDPOINT)
+        names: list[str | SpanExporter] = []
+        if path is not None or not (endpoint or env_endpoint):
+            names.append("file")
+        if endpoint or env_endpoint:
+            names.append("otlp")
+        return names
+    if isinstance(exporter, str | SpanExporter):
+        return [exporter]
+    return list(exporter)
+
+
+def _build(
+    spec: str | SpanExporter, path: Any, endpoint: str | None, headers: Any
+) -> tuple[SpanExporter, str]:
+    if isinstance(spec, SpanExporter):
+        return spec, type(spec).__name__
+    if spec not in EXPORTERS:
+        raise ConfigError(
+            f"configure(): unknown exporter {spec!r}; use one of {', '.join(EXPORTERS)}"
+        )
+    if spec == "file":
+        target = (
+            os.fspath(path)
+            if path is not None
+            else os.environ.get(ENV_TRACES_FILE, DEFAULT_TRACES_FILE)
+        )
+        return OTLPJsonFileExporter(target), f"file {target}"
+    protocol = (
+        os.environ.get(ENV_OTLP_TRACES_PROTOCOL)
+        or os.environ.get(ENV_OTLP_PROTOCOL)
+        or "http/protobuf"
+    ).strip()
+    if spec == "otlp-grpc" or (spec == "otlp" and protocol == "grpc"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        url = _grpc_endpoint(endpoint)
+        quiet_repeats("opentelemetry.exporter.otlp.proto.grpc.exporter")
+        insecure = url.startswith("http://")
+        return GrpcExporter(endpoint=url, insecure=insecure, headers=headers), f"OTLP/gRPC {url}"
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    url = _http_endpoint(endpoint)
+    quiet_repeats("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    return HttpExporter(endpoint=url, headers=headers), f"OTLP/HTTP {url}"
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    service_version: str | None = None,
+    exporter: str | SpanExporter | Sequence[str | SpanExporter] | None = None,
+    path: str | os.PathLike[str] | None = None,
+    endpoint: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    instance_id: str | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    sample_ratio: float = 1.0,
+    set_global: bool = True,
+) -> TracerProvider:
+    """Set up tracing for this process; calling it again with the same values does nothing.
+
+    ``exporter`` is ``"file"`` (OTLP JSON lines at ``path``, the default when no OTLP
+    endpoint is set), ``"otlp"`` (HTTP unless ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``;
+    the default when an endpoint is set), ``"otlp-http"``, ``"otlp-grpc"``, a
+    ``SpanExporter`` instance, or a list of these — e.g. ``["file", "otlp"]`` writes a
+    file and sends to Jaeger at once. ``sample_ratio`` < 1 keeps that share of traces
+    and marks each kept root with ``tracekit.sample.weight`` = 1/ratio. With different
+    values, the previous set-up is flushed and replaced. Returns the SDK provider.
+    """
+    if not 0.0 < sample_ratio <= 1.0:
+        raise ConfigError(f"configure(): sample_ratio must be in (0, 1], got {sample_ratio!r}")
+    attrs = _resource_attributes(service_name, service_version, instance_id, resource_attributes)
+    specs = _exporter_names(exporter, path, endpoint)
+    key = (
+        tuple(sorted((k, repr(v)) for k, v in attrs.items())),
+        tuple(s if isinstance(s, str) else id(s) for s in specs),
+        os.fspath(path) if path is not None else os.environ.get(ENV_TRACES_FILE),
+        endpoint,
+        os.environ.get(ENV_OTLP_ENDPOINT),
+        os.environ.get(ENV_OTLP_TRACES_ENDPOINT),
+        os.environ.get(ENV_OTLP_PROTOCOL),
+        tuple(sorted((headers or {}).items())),
+        sample_ratio,
+    )
+    with _LOCK:
+        if _STATE.key == key and _STATE.provider is not None:
+            return _STATE.provider
+        built = [_build(s, path, endpoint, headers) for s in specs]
+        if _STATE.provider is not None:
+            _close(timeout_s=5.0)
+        sampler = ParentBased(TraceIdRatioBased(sample_ratio)) if sample_ratio < 1.0 else None
+        provider = TracerProvider(
+            resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False
+        )
+        if sample_ratio < 1.0:
+            provider.add_span_processor(_SampleWeight(1.0 / sample_ratio))
+        pipelines = [ExportPipeline(exp, target) for exp, target in built]
+        for pipeline in pipelines:
+            provider.add_span_processor(pipeline)
+        _STATE.provider, _STATE.key, _STATE.pipelines = provider, key, pipelines
+        _STATE.generation += 1
+        _install_global(set_global)
+        return provider
+
+
+def _install_global(set_global: bool) -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+    # OTel allows one global provider per process; ours is the proxy, so later
+    # configure() calls need not touch it. A provider the user set stays theirs.
+    if set_global and not isinstance(trace.get_tracer_provider(), _ProxyTracerProvider):
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            trace.set_tracer_provider(PROVIDER)
+        else:
+            _guard.logger.info("tracekit: a global TracerProvider is already set; leaving it")
+
+
+def current_provider() -> TracerProvider | None:
+    """The SDK provider ``configure()`` built, or None."""
+    return _STATE.provider
+
+
+def flush(timeout_s: float = 10.0) -> bool:
+    """Export every finished span now; True when all pipelines flushed."""
+    provider = _STATE.provider
+    return provider.force_flush(int(timeout_s * 1000)) if provider is not None else True
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Flush every exporter and close them; spans started afterwards are no-ops."""
+    from tracekit.instrumentation import sampler
+
+    sampler.stop()
+    _close(timeout_s)
+
+
+def _close(timeout_s: float) -> None:
+    with _LOCK:
+        provider, pipelines = _STATE.provider, _STATE.pipelines
+        _STATE.provider, _STATE.key, _STATE.pipelines = None, None, []
+        _STATE.generation += 1
+    if provider is None:
+        return
+    for pipeline in pipelines:
+        # each pipeline bounds its own shutdown; the provider's would wait 30 s each
+        pipeline.shutdown(timeout_s)
+
+
+def use_stable_http_semconv() -> None:
+    """Make OTel's HTTP instrumentations write the stable names (``http.request.method``…).
+
+    They read ``OTEL_SEMCONV_STABILITY_OPT_IN`` once per process; unless the user set
+    it, tracekit opts in to ``http`` for that one read and leaves the environment as it was.
+    """
+    from opentelemetry.instrumentation._semconv import (
+        _OpenTelemetrySemanticConventionStability as S,
+    )
+
+    with _semconv_lock:
+        if getattr(S, "_initialized", False) or ENV_SEMCONV_OPT_IN in os.environ:
+            S._initialize()
+            return
+        os.environ[ENV_SEMCONV_OPT_IN] = "http"
+        try:
+            S._initialize()
+        finally:
+            del os.environ[ENV_SEMCONV_OPT_IN]
