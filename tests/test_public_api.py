@@ -1,0 +1,38 @@
+"""The public surface of ``import tracekit`` is exactly what the issue names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import tracekit
+
+EXPECTED = [
+    "BatchRecorder",
+    "DynamicBatcher",
+    "configure",
+    "instrument_fastapi",
+    "instrument_httpx",
+    "instrument_model",
+    "model_execution",
+    "shutdown",
+    "stage",
+]
+
+
+def test_all_is_pinned_and_sorted() -> None:
+    assert tracekit.__all__ == EXPECTED
+
+
+def test_every_public_name_resolves() -> None:
+    for name in EXPECTED:
+        assert callable(getattr(tracekit, name)), name
+
+
+def test_import_tracekit_loads_no_analysis_or_torch() -> None:
+    code = (
+        "import sys, tracekit; tracekit.stage; tracekit.configure;"
+        "print(','.join(m for m in ('duckdb','rich','torch','numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
