@@ -5,12 +5,15 @@ works on raw per-request values (no trimming, no normal approximation). Weights 
 ``tracekit.sample.weight`` (a request kept 1 in N stands for N requests).
 
 The bootstrap is a Poisson bootstrap on sorted values: each replicate reweights every
-request by a Poisson(1) count, so one cumulative sum per replicate gives every quantile
-at once. That keeps 100k requests × 400 replicates well under a second.
+request by a Poisson(1) count. :func:`bootstrap_quantiles` does that literally;
+:func:`window_bootstrap_quantiles` draws the same distribution by drawing individual
+counts only near each quantile's rank, which keeps 100k requests × 2000 replicates
+well under a second.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -97,6 +100,80 @@ def bootstrap_quantiles(
     return out
 
 
+_MAX_WEIGHT_CLASSES = 16
+"""With more distinct weights than this, fall back to the full bootstrap."""
+_WINDOW_SE = 8.0
+
+
+def _class_sums(
+    rng: np.random.Generator, classes: FloatArray, counts: npt.NDArray[np.int64], n_boot: int
+) -> FloatArray:
+    """Per replicate, Σ over weight classes of weight × Poisson(requests in that class)."""
+    total = np.zeros(n_boot)
+    for weight, k in zip(classes, counts, strict=True):
+        if k > 0:
+            total += weight * rng.poisson(float(k), size=n_boot)
+    return total
+
+
+def window_bootstrap_quantiles(
+    values: npt.ArrayLike,
+    qs: Sequence[float],
+    weights: npt.ArrayLike | None = None,
+    *,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> FloatArray:
+    """Replicates (n_boot × len(qs)) of weighted quantiles under the Poisson bootstrap.
+
+    The same distribution as :func:`bootstrap_quantiles` at a fraction of the cost: a
+    replicate's q-quantile depends on individual counts only near rank q·n; below and
+    above that window only the sums of counts matter, and a sum of k Poisson(1) counts
+    is Poisson(k) — per distinct sample weight, so ``tracekit.sample.weight`` stays
+    exact. The window spans ±8 standard errors of the quantile's rank; a replicate that
+    lands outside it (odds about 1e-15) is recomputed in full. Each quantile gets its
+    own draws (replicate i of p95 and of p99 come from different resamples).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
+    out = np.full((n_boot, len(qs)), np.nan)
+    if len(x) == 0:
+        return out
+    order = np.argsort(x, kind="stable")
+    x, w = x[order], w[order]
+    classes, cls = np.unique(w, return_inverse=True)
+    if len(classes) > _MAX_WEIGHT_CLASSES:
+        return bootstrap_quantiles(x, qs, w, n_boot=n_boot, rng=rng)
+    # Per weight class, how many requests lie below each rank (prefix counts).
+    prefix = np.zeros((len(classes), len(x) + 1), dtype=np.int64)
+    for k in range(len(classes)):
+        prefix[k, 1:] = np.cumsum(cls == k)
+    cum = np.cumsum(w)
+    n = len(x)
+    for j, q in enumerate(qs):
+        centre = int(np.searchsorted(cum, q * cum[-1], side="left"))
+        half = math.ceil(_WINDOW_SE * math.sqrt(n * q * (1.0 - q))) + 16
+        lo, hi = max(0, centre - half), min(n, centre + half + 1)
+        below = _class_sums(rng, classes, prefix[:, lo], n_boot)
+        above = _class_sums(rng, classes, prefix[:, n] - prefix[:, hi], n_boot)
+        inside = np.cumsum(rng.poisson(1.0, size=(n_boot, hi - lo)) * w[lo:hi], axis=1)
+        total = below + inside[:, -1] + above
+        target = q * total
+        reach = below[:, None] + inside
+        # Rows of ``reach`` are non-decreasing: counting entries below the target is a
+        # vectorised searchsorted(side="left").
+        pos = np.count_nonzero(reach < target[:, None], axis=1)
+        ok = (below < target) | (lo == 0)
+        ok &= (pos < hi - lo) | (hi == n)
+        ok &= total > 0
+        out[:, j] = x[np.clip(lo + pos, 0, n - 1)]
+        missed = np.flatnonzero(~ok)
+        if len(missed):
+            full = bootstrap_quantiles(x, [q], w, n_boot=len(missed), rng=rng)
+            out[missed, j] = full[:, 0]
+    return out
+
+
 @dataclass(frozen=True)
 class QuantileDelta:
     """Change of one quantile from ``before`` to ``after``, with a bootstrap interval."""
@@ -147,16 +224,16 @@ def quantile_deltas(
 ) -> list[QuantileDelta]:
     """Quantile changes with percentile-bootstrap intervals at ``confidence``.
 
-    Before and after are resampled independently; the same replicate gives every
-    quantile, so the intervals of several quantiles are consistent with each other.
+    Before and after are resampled independently (Poisson bootstrap, windowed around
+    each quantile's rank so 100k requests cost milliseconds, not seconds).
     """
     rng = np.random.default_rng(seed)
     b = np.asarray(before, dtype=np.float64)
     a = np.asarray(after, dtype=np.float64)
     qb = weighted_quantiles(b, qs, before_weights)
     qa = weighted_quantiles(a, qs, after_weights)
-    rb = bootstrap_quantiles(b, qs, before_weights, n_boot=n_boot, rng=rng)
-    ra = bootstrap_quantiles(a, qs, after_weights, n_boot=n_boot, rng=rng)
+    rb = window_bootstrap_quantiles(b, qs, before_weights, n_boot=n_boot, rng=rng)
+    ra = window_bootstrap_quantiles(a, qs, after_weights, n_boot=n_boot, rng=rng)
     diff = ra - rb
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(rb > 0, ra / rb - 1.0, np.nan)

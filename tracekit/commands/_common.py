@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 FORMATS = ("table", "json", "markdown")
@@ -39,7 +39,7 @@ def add_format(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def emit(result: Any, fmt: str, renderers: dict[str, Callable[[Any], str]]) -> None:
+def emit(result: Any, fmt: str, renderers: Mapping[str, Callable[[Any], str]]) -> None:
     """Render ``result`` with the renderer for ``fmt`` and write it to stdout."""
     text = renderers[fmt](result)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -1,17 +1,45 @@
-"""`tracekit explain` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit explain`: one trace as a waterfall, its critical path and stage split."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Draw one request trace as a waterfall with its critical path marked (★, and █ for the
+time a span itself spends on the path), and split the request's duration by stage,
+each marked wait or compute. The stage times add up to the request's duration.
+
+TRACE_ID is the hex trace id or a unique prefix of at least 8 digits, e.g. one of
+the exemplar trace ids that `tracekit diff` and `tracekit slow` print.
+
+Example:
+  tracekit explain 4bf92f3577b34da6a3ce929d0e0e4736
+  tracekit explain 4bf92f35 --format json --db traces.duckdb
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("explain", help="(not available in this build)")
+    parser = add_command(
+        sub,
+        "explain",
+        help="one trace as a waterfall with the critical path and stage split",
+        description=DESCRIPTION,
+    )
+    parser.add_argument("trace_id", metavar="TRACE_ID", help="trace id or a unique 8+ digit prefix")
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tracekit explain is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis.explain import explain_trace
+    from tracekit.analysis.store import open_store
+    from tracekit.render.explain import RENDERERS
+
+    with open_store(args.db, read_only=True) as store:
+        explanation = explain_trace(store, args.trace_id)
+    emit(explanation, args.format, RENDERERS)
+    return 0

@@ -50,7 +50,7 @@ def _jsonable(obj: Any) -> Any:
 
 def to_json(obj: Any) -> str:
     """Stable JSON: dataclasses become objects, NaN/inf become null, keys keep their order."""
-    return json.dumps(_jsonable(obj), indent=2, allow_nan=False)
+    return json.dumps(_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

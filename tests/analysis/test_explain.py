@@ -1,0 +1,123 @@
+"""tracekit explain: the Explanation, its renderers, and the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.analysis.explain import explain_trace
+from tracekit.analysis.store import Store
+from tracekit.cli import main
+from tracekit.errors import QueryError
+from tracekit.render.explain import PATH_GLYPH, STAR, render_json, render_markdown, render_table
+from tracekit.testing import TraceBuilder, worked_example
+
+
+@pytest.fixture
+def example(store: Store) -> str:
+    r = worked_example()
+    r.builder.load(store)
+    return r.trace_id
+
+
+def test_explanation_has_spans_in_waterfall_order_and_exact_stage_totals(
+    store: Store, example: str
+) -> None:
+    e = explain_trace(store, example)
+    assert e.duration_ms == 160 and e.release == "v2" and e.service == "ranker"
+    assert [s.name for s in e.spans][:3] == ["POST /predict", cv.FEATURE_RETRIEVAL, cv.PREPROCESS]
+    assert [s.depth for s in e.spans] == [0, 1, 1, 1, 1, 1, 2, 3, 1]
+    assert sum(s.critical_ms for s in e.stages) == e.duration_ms
+    assert sum(s.critical_ms for s in e.spans) == e.duration_ms
+    assert [s.stage for s in e.stages][-1] == cv.UNATTRIBUTED
+    select = next(s for s in e.spans if s.name == "SELECT prices")
+    assert select.stage == cv.DOWNSTREAM and select.service == "pricing"
+    assert select.path == [(105.0, 135.0)] and select.time_kind == cv.WAIT
+
+
+def test_span_hidden_behind_a_concurrent_sibling_is_not_marked(store: Store) -> None:
+    b = TraceBuilder(seed=21)
+    r = b.request(duration_ms=50)
+    r.stage(cv.FEATURE_RETRIEVAL, start_ms=0, duration_ms=20)
+    r.stage(cv.DOWNSTREAM, start_ms=0, duration_ms=50)
+    b.load(store)
+    e = explain_trace(store, r.trace_id)
+    marks = {s.name: s.on_critical_path for s in e.spans}
+    assert marks == {"POST /predict": False, cv.FEATURE_RETRIEVAL: False, cv.DOWNSTREAM: True}
+    table = render_table(e)
+    retrieval_line = next(line for line in table.splitlines() if cv.FEATURE_RETRIEVAL in line)
+    assert STAR not in retrieval_line and PATH_GLYPH not in retrieval_line
+
+
+def test_table_marks_the_path_and_leads_with_the_headline(store: Store, example: str) -> None:
+    text = render_table(explain_trace(store, example))
+    lines = text.splitlines()
+    assert lines[1].startswith("Most of this request's 160.0 ms went to batch_queue 55.0 ms")
+    queue = next(line for line in lines if line.lstrip(STAR + " ").startswith(cv.BATCH_QUEUE))
+    assert queue.startswith(STAR) and PATH_GLYPH * 10 in queue
+    assert "total" in text and "160.0 ms" in text
+
+
+def test_json_schema(store: Store, example: str) -> None:
+    doc = json.loads(render_json(explain_trace(store, example)))
+    assert {"trace_id", "duration_ms", "spans", "stages", "summary", "release"} <= set(doc)
+    span = doc["spans"][1]
+    assert {
+        "span_id",
+        "name",
+        "depth",
+        "start_ms",
+        "end_ms",
+        "stage",
+        "time_kind",
+        "critical_ms",
+        "on_critical_path",
+        "service",
+        "kind",
+        "status",
+        "path",
+    } <= set(span)
+    assert span["path"] == [{"start_ms": 0.0, "end_ms": 15.0}]
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert (
+        stages[cv.BATCH_QUEUE]["critical_ms"] == 55.0
+        and stages[cv.BATCH_QUEUE]["time_kind"] == "wait"
+    )
+    assert round(sum(s["critical_ms"] for s in doc["stages"]), 6) == doc["duration_ms"]
+
+
+def test_markdown_has_both_tables(store: Store, example: str) -> None:
+    md = render_markdown(explain_trace(store, example))
+    assert "| stage | wait/compute |" in md and "| ★ | span |" in md and "**total**" in md
+
+
+def test_prefix_lookup_and_errors(store: Store, example: str) -> None:
+    assert explain_trace(store, example[:8].upper()).trace_id == example
+    with pytest.raises(QueryError, match="8"):
+        explain_trace(store, example[:7])
+    with pytest.raises(QueryError, match="ingest it first"):
+        explain_trace(store, "0" * 32)
+    b = TraceBuilder(seed=22)
+    b.batch([], start_ms=0, duration_ms=5)
+    store.insert_spans(b.rows())
+    with pytest.raises(QueryError, match="batch"):
+        explain_trace(store, b.trace_ids()[0])
+
+
+def test_cli_explain_formats_and_errors(
+    store: Store, example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = store.path
+    store.close()
+    assert main(["explain", example[:12], "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert example in out and STAR in out and "batch_queue" in out
+    assert main(["explain", example, "--db", db, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trace_id"] == example
+    assert main(["explain", "ffffffffff", "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit explain: error: no trace ffffffffff") and err.count("\n") == 1
+    assert main(["explain", example, "--db", str(Path(db).with_name("missing.duckdb"))]) == 2

@@ -1,0 +1,377 @@
+"""One trace's critical path, split by stage: the pure core of attribution.
+
+:func:`analyse_trace` takes one trace's spans as aligned lists (:class:`TraceInput`)
+and returns a :class:`TraceAnalysis`, or a skip reason. It never touches the store;
+:mod:`tracekit.analysis.attribution` feeds it in bulk and :mod:`tracekit.analysis.explain`
+uses its per-span results to draw a waterfall.
+
+The walk is the last-finishing-child walk of Jaeger UI and Uber's CRISP: from the
+request's end, repeatedly take the child that finishes last before the cursor, recurse
+into it, and charge the gaps between children on the path to the parent. Children
+overflowing their parent (clock skew between hosts) are clipped to it first; children
+entirely outside are ignored with their subtrees. The path partitions the root's
+interval exactly, so stage times add up to the request's duration in integer ns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit import conventions as cv
+
+SKIP_NO_TIMESTAMPS = "no_timestamps"
+"""Skip reason: a span of the trace has no start or end time."""
+SKIP_BATCH = "batch"
+"""Skip reason: the trace's root is a batch span, not a request."""
+SKIP_NO_ROOT = "no_root"
+"""Skip reason: every span has a parent inside the trace (a cycle)."""
+
+_DOWNSTREAM_KINDS = frozenset({"CLIENT", "PRODUCER"})
+_FALLBACK_NAME_MAX = 48
+# Path/name segments that look like ids (numbers, hex with a digit, UUIDs) become {id},
+# so "GET /users/123" and "GET /users/456" are one stage.
+_ID_SEGMENT = re.compile(
+    r"(?<![0-9a-z])(?:[0-9a-f]{8}-[0-9a-f-]{27}|(?=[0-9a-f]*[0-9])[0-9a-f]{8,}|[0-9]+)(?![0-9a-z])"
+)
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass
+class TraceInput:
+    """One trace's spans as aligned lists (index i is the same span in every list)."""
+
+    span_id: list[str]
+    parent: list[str | None]
+    name: list[str]
+    kind: list[str]
+    start: list[int | None]
+    end: list[int | None]
+    service: list[str | None]
+    stage: list[str | None]
+    """``tracekit.stage`` as written on the span (not inherited)."""
+    time_kind: list[str | None]
+    cpu_ns: list[int | None]
+    gpu_ns: list[int | None]
+    is_batch: list[bool]
+    """Batch span (name ``tracekit.batch`` or carries ``tracekit.batch.request_count``)."""
+    is_db: list[bool]
+    """Carries a database-client attribute; used only by the fallback stages."""
+    route: list[str | None]
+    """``http.route`` when present; used only by the fallback stages."""
+
+
+@dataclass(slots=True)
+class StageTotal:
+    """One stage of one request."""
+
+    stage: str
+    time_kind: str
+    critical_ns: int
+    wall_ns: int
+    cpu_time_ns: int | None
+    gpu_time_ns: int | None
+
+
+@dataclass
+class TraceAnalysis:
+    """The critical path of one request trace and its split by stage."""
+
+    root: int
+    start_ns: int
+    duration_ns: int
+    stages: list[StageTotal]
+    effective_stage: list[str | None]
+    """Per span: its own stage, else its nearest staged ancestor's (None: no stage)."""
+    clipped_start: list[int | None]
+    """Per span: start clipped into its parent; None for spans outside the walked tree."""
+    clipped_end: list[int | None]
+    depth: list[int]
+    tree_parent: list[int | None]
+    """Per span: index of the parent it was walked under (orphans: the root); None for
+    the root and for spans outside the walked tree."""
+    critical_ns: list[int]
+    """Per span: time on the critical path charged to this span itself (not its children)."""
+    segments: list[tuple[int, int, int]] = field(default_factory=list)
+    """(span index, start ns, end ns) pieces of the path, latest first."""
+    clipped: int = 0
+    ignored: int = 0
+    orphans_attached: int = 0
+    orphans_dropped: int = 0
+    fallback: bool = False
+    """True when stages were derived from span names/kinds (no ``tracekit.stage`` at all)."""
+
+    @property
+    def skewed_spans(self) -> int:
+        return self.clipped + self.ignored
+
+
+def fallback_stage_name(name: str, route: str | None) -> str:
+    """A user stage named after an operation: route or span name, lower-cased, ids masked."""
+    text = _SPACES.sub(" ", (route or name).strip().lower())
+    text = _ID_SEGMENT.sub("{id}", text)
+    return text[:_FALLBACK_NAME_MAX] or cv.UNATTRIBUTED
+
+
+def _fallback_stage(
+    t: TraceInput, i: int, under_root: bool, root_service: str | None
+) -> str | None:
+    """Stage of span ``i`` in a trace without tracekit attributes (None: inherit).
+
+    Calls leaving the process (CLIENT/PRODUCER spans, database spans) and spans of
+    another service are ``downstream``; the entry service's direct children are user
+    stages named after their operation; everything deeper inherits.
+    """
+    if t.kind[i] in _DOWNSTREAM_KINDS or t.is_db[i] or t.service[i] != root_service:
+        return cv.DOWNSTREAM
+    if under_root:
+        return fallback_stage_name(t.name[i], t.route[i])
+    return None
+
+
+def _pick_root(t: TraceInput, index: dict[str, int]) -> tuple[int | None, list[int]]:
+    roots = [i for i, p in enumerate(t.parent) if p is None or p not in index]
+    if not roots:
+        return None, roots
+
+    def key(i: int) -> tuple[int, int, bool]:
+        s, e = t.start[i], t.end[i]
+        assert s is not None and e is not None
+        return (s, -(e - s), t.kind[i] != "SERVER")
+
+    return min(roots, key=key), roots
+
+
+def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
+    """Critical path and stage split of one trace, or a ``SKIP_*`` reason.
+
+    Written as one tight pass per step: refresh runs it on every trace in the store.
+    """
+    n = len(t.span_id)
+    if None in t.start or None in t.end:
+        return SKIP_NO_TIMESTAMPS
+    index = {sid: i for i, sid in enumerate(t.span_id)}
+    root, roots = _pick_root(t, index)
+    if root is None:
+        return SKIP_NO_ROOT
+    is_batch = t.is_batch
+    if is_batch[root]:
+        return SKIP_BATCH
+    start: list[int] = t.start  # type: ignore[assignment]  # no None: checked above
+    end: list[int] = t.end  # type: ignore[assignment]
+    rs, re_ = start[root], end[root]
+    if re_ < rs:
+        re_ = rs
+
+    children: dict[int, list[int]] = {}
+    parent = t.parent
+    for i in range(n):
+        pid = parent[i]
+        if pid is not None and i != root and not is_batch[i]:
+            j = index.get(pid)
+            if j is not None:
+                children.setdefault(j, []).append(i)
+    attached = dropped = 0
+    for i in roots:
+        if i == root or is_batch[i]:
+            continue
+        if rs <= start[i] and end[i] <= re_:
+            children.setdefault(root, []).append(i)
+            attached += 1
+        else:
+            dropped += 1
+
+    own = t.stage
+    fallback = own.count(None) == n
+    if fallback:
+        own = list(own)
+    eff: list[str | None] = [None] * n
+    cs: list[int | None] = [None] * n
+    ce: list[int | None] = [None] * n
+    depth = [0] * n
+    tree_parent: list[int | None] = [None] * n
+    eff[root] = own[root]
+    cs[root], ce[root] = rs, re_
+    clipped = ignored = 0
+    root_service = t.service[root]
+    # Top-down: clip each child into its (already clipped) parent, settle its stage,
+    # and note the stage's own top-level intervals (for wall time) on the way.
+    intervals: dict[str, list[tuple[int, int]]] = {}
+    if own[root] is not None:
+        intervals[own[root]] = [(rs, re_)]  # type: ignore[index]
+    order = [root]
+    sorted_kids: dict[int, list[int]] = {}
+    for p in order:
+        ks = children.get(p)
+        if not ks:
+            continue
+        lo, hi = cs[p], ce[p]
+        assert lo is not None and hi is not None
+        eff_p = eff[p]
+        kept = []
+        for c in ks:
+            s, e = start[c], end[c]
+            if e < s:
+                e = s
+            if e < lo or s > hi:
+                ignored += 1
+                continue
+            if s < lo or e > hi:
+                clipped += 1
+                s, e = max(s, lo), min(e, hi)
+            cs[c], ce[c] = s, e
+            depth[c] = depth[p] + 1
+            tree_parent[c] = p
+            if fallback:
+                own[c] = _fallback_stage(t, c, p == root, root_service)
+            stage = own[c]
+            if stage is None:
+                eff[c] = eff_p
+            else:
+                eff[c] = stage
+                if stage != eff_p:
+                    intervals.setdefault(stage, []).append((s, e))
+            order.append(c)
+            kept.append((-e, s, c))
+        if kept:
+            kept.sort()
+            sorted_kids[p] = [c for _, _, c in kept]
+
+    crit = [0] * n
+    segments = _walk(root, sorted_kids, cs, ce, crit)
+    stages = _stage_totals(t, order, own, eff, crit, intervals)
+    return TraceAnalysis(
+        root=root,
+        start_ns=rs,
+        duration_ns=re_ - rs,
+        stages=stages,
+        effective_stage=eff,
+        clipped_start=cs,
+        clipped_end=ce,
+        depth=depth,
+        tree_parent=tree_parent,
+        critical_ns=crit,
+        segments=segments,
+        clipped=clipped,
+        ignored=ignored,
+        orphans_attached=attached,
+        orphans_dropped=dropped,
+        fallback=fallback,
+    )
+
+
+def _walk(
+    root: int,
+    sorted_kids: dict[int, list[int]],
+    cs: list[int | None],
+    ce: list[int | None],
+    crit: list[int],
+) -> list[tuple[int, int, int]]:
+    """The last-finishing-child walk, iterative so deep traces cannot hit the recursion limit.
+
+    Each frame is [span, lo, cursor, children by end descending, next child]; the next
+    child on the path is the last-finishing one that started before the cursor, its end
+    truncated to the cursor. Since the cursor only moves earlier, a child skipped once
+    (it started at or after the cursor) stays ineligible: it ran wholly concurrently with
+    a sibling already on the path, which is exactly the time that is not charged.
+    """
+    segments: list[tuple[int, int, int]] = []
+    empty: list[int] = []
+    frames: list[list[Any]] = [[root, cs[root], ce[root], sorted_kids.get(root, empty), 0]]
+    while frames:
+        frame = frames[-1]
+        span, lo, cursor, ks, k = frame
+        pushed = False
+        nk = len(ks)
+        while k < nk:
+            c = ks[k]
+            k += 1
+            c_start = cs[c]
+            if c_start < cursor:
+                # A child still running at the cursor overlapped the sibling already on the
+                # path; only its part before the cursor can be critical. Truncating (rather
+                # than skipping it) keeps back-to-back stages whose clocks overlap by a few
+                # ns from vanishing into the parent's "unattributed" time.
+                c_end = min(ce[c], cursor)
+                if c_end < cursor:
+                    segments.append((span, c_end, cursor))
+                    crit[span] += cursor - c_end
+                frame[2] = c_start
+                frame[4] = k
+                frames.append([c, c_start, c_end, sorted_kids.get(c, empty), 0])
+                pushed = True
+                break
+        if pushed:
+            continue
+        if cursor > lo:
+            segments.append((span, lo, cursor))
+            crit[span] += cursor - lo
+        frames.pop()
+    return segments
+
+
+def _stage_totals(
+    t: TraceInput,
+    order: list[int],
+    own: list[str | None],
+    eff: list[str | None],
+    crit: list[int],
+    intervals: dict[str, list[tuple[int, int]]],
+) -> list[StageTotal]:
+    critical: dict[str, int] = {}
+    kinds: dict[str, str] = {}
+    cpu: dict[str, int] = {}
+    gpu: dict[str, int] = {}
+    time_kind, cpu_ns, gpu_ns = t.time_kind, t.cpu_ns, t.gpu_ns
+    for i in order:
+        c = crit[i]
+        if c:
+            stage = eff[i] or cv.UNATTRIBUTED
+            critical[stage] = critical.get(stage, 0) + c
+        mine = own[i]
+        if mine is None:
+            continue
+        tk = time_kind[i]
+        if tk is not None and mine not in kinds and tk in cv.TIME_KINDS:
+            kinds[mine] = tk
+        v = cpu_ns[i]
+        if v is not None:
+            cpu[mine] = cpu.get(mine, 0) + v
+        v = gpu_ns[i]
+        if v is not None:
+            gpu[mine] = gpu.get(mine, 0) + v
+
+    out = []
+    for stage, spans in intervals.items():
+        out.append(
+            StageTotal(
+                stage,
+                kinds.get(stage) or cv.default_time_kind(stage),
+                critical.pop(stage, 0),
+                _union_length(spans),
+                cpu.get(stage),
+                gpu.get(stage),
+            )
+        )
+    # Left: stages on the path without top-level spans of their own (unattributed).
+    for stage, c in critical.items():
+        out.append(StageTotal(stage, cv.default_time_kind(stage), c, c, None, None))
+    return out
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    """Total length covered by possibly overlapping intervals."""
+    if len(intervals) == 1:
+        s, e = intervals[0]
+        return e - s
+    total = 0
+    intervals.sort()
+    cur_s, cur_e = intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + cur_e - cur_s

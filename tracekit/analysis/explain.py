@@ -1,0 +1,206 @@
+"""One trace explained: its spans as a waterfall, the critical path, and the stage split.
+
+:func:`explain_trace` reads one trace's spans from the store, runs the same walk as
+:func:`tracekit.analysis.attribution.refresh`, and returns an :class:`Explanation`
+that the renderers in :mod:`tracekit.render.explain` draw. It works from ``spans``
+alone, so a trace can be explained before (or without) a refresh.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tracekit import conventions as cv
+from tracekit.analysis import attribution
+from tracekit.analysis import critical_path as cp
+from tracekit.analysis.release import order_stages
+from tracekit.analysis.store import Store
+from tracekit.errors import QueryError
+
+NS_PER_MS = 1_000_000.0
+MIN_PREFIX = 8
+"""Shortest trace id prefix accepted."""
+
+_HEX = re.compile(r"[0-9a-f]+")
+_FIND_SQL = """
+SELECT DISTINCT trace_id FROM spans WHERE starts_with(trace_id, $prefix) ORDER BY 1 LIMIT 3
+"""
+_RELEASE_SQL = "SELECT service_version FROM spans WHERE trace_id = $trace AND span_id = $span"
+
+
+@dataclass
+class ExplainSpan:
+    """One span of the waterfall; times are ms from the request start, clipped."""
+
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    service: str | None
+    kind: str
+    status: str
+    depth: int
+    start_ms: float
+    end_ms: float
+    stage: str | None
+    """Own ``tracekit.stage`` or the nearest staged ancestor's (None: unattributed)."""
+    time_kind: str | None
+    critical_ms: float
+    """Time on the critical path charged to this span itself (not to its children)."""
+    path: list[tuple[float, float]] = field(default_factory=list)
+    """This span's own pieces of the critical path, (start_ms, end_ms), earliest first."""
+
+    @property
+    def duration_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+    @property
+    def on_critical_path(self) -> bool:
+        return self.critical_ms > 0
+
+
+@dataclass
+class ExplainStage:
+    """One stage of the request: its share of the critical path and its wait/compute."""
+
+    stage: str
+    time_kind: str
+    critical_ms: float
+    share: float
+    wall_ms: float
+    cpu_ms: float | None
+    gpu_ms: float | None
+
+
+@dataclass
+class Explanation:
+    """One request trace, ready to render."""
+
+    trace_id: str
+    root_span_id: str
+    name: str
+    service: str | None
+    release: str | None
+    duration_ms: float
+    spans: list[ExplainSpan]
+    """Walked spans in waterfall order (depth-first, children by start time)."""
+    stages: list[ExplainStage]
+    """Stages in request order; their ``critical_ms`` sum to ``duration_ms``."""
+    span_count: int
+    hidden_spans: int
+    """Spans not drawn: outside the request's interval, or not connected to it."""
+    skewed_spans: int
+    fallback: bool
+    """Stages derived from span names/kinds (the trace carries no ``tracekit.stage``)."""
+
+
+def resolve_trace_id(store: Store, trace_id: str) -> str:
+    """The full trace id for ``trace_id`` or a unique prefix of at least 8 hex digits."""
+    prefix = trace_id.strip().lower()
+    if len(prefix) < MIN_PREFIX or not _HEX.fullmatch(prefix):
+        raise QueryError(
+            f"{trace_id!r} is not a trace id: give the hex id (or its first {MIN_PREFIX}+ digits), "
+            "e.g. from the exemplars of `tracekit diff` or `tracekit slow`"
+        )
+    found = [t for (t,) in store.con.execute(_FIND_SQL, {"prefix": prefix}).fetchall()]
+    if not found:
+        raise QueryError(
+            f"no trace {prefix} in {store.path}: ingest it first (tracekit ingest FILE) "
+            "or pick one from the exemplars of `tracekit slow`"
+        )
+    if len(found) > 1:
+        raise QueryError(
+            f"trace id prefix {prefix} is ambiguous ({', '.join(found[:2])}, ...): give more digits"
+        )
+    return found[0]
+
+
+def explain_trace(store: Store, trace_id: str) -> Explanation:
+    """Explain the request trace ``trace_id`` (full id or unique prefix)."""
+    full = resolve_trace_id(store, trace_id)
+    c = attribution.fetch_spans(store, [full])
+    t = attribution.trace_input(c, 0, len(c["trace_id"]))
+    a = cp.analyse_trace(t)
+    if a == cp.SKIP_BATCH:
+        raise QueryError(
+            f"trace {full} is a batch execution, not a request: explain one of the requests "
+            "it links to (each request's own trace holds its model_execute span)"
+        )
+    if a == cp.SKIP_NO_TIMESTAMPS:
+        raise QueryError(f"trace {full} has spans without timestamps: nothing to explain")
+    if isinstance(a, str):
+        raise QueryError(f"trace {full} has no root span (its parent links form a cycle)")
+
+    t0 = a.start_ns
+    pieces: dict[int, list[tuple[float, float]]] = {}
+    for i, seg_start, seg_end in reversed(a.segments):
+        pieces.setdefault(i, []).append(((seg_start - t0) / NS_PER_MS, (seg_end - t0) / NS_PER_MS))
+    kinds = {st.stage: st.time_kind for st in a.stages}
+    spans = []
+    for i in _waterfall_order(a):
+        cs, ce = a.clipped_start[i], a.clipped_end[i]
+        assert cs is not None and ce is not None
+        stage = a.effective_stage[i]
+        spans.append(
+            ExplainSpan(
+                span_id=t.span_id[i],
+                parent_span_id=t.parent[i],
+                name=t.name[i],
+                service=t.service[i],
+                kind=t.kind[i],
+                status=c["status_code"][i],
+                depth=a.depth[i],
+                start_ms=(cs - t0) / NS_PER_MS,
+                end_ms=(ce - t0) / NS_PER_MS,
+                stage=stage,
+                time_kind=kinds.get(stage or cv.UNATTRIBUTED),
+                critical_ms=a.critical_ns[i] / NS_PER_MS,
+                path=pieces.get(i, []),
+            )
+        )
+    by_stage = {st.stage: st for st in a.stages}
+    stages = []
+    for name in order_stages(list(by_stage)):
+        s = by_stage[name]
+        stages.append(
+            ExplainStage(
+                stage=name,
+                time_kind=s.time_kind,
+                critical_ms=s.critical_ns / NS_PER_MS,
+                share=s.critical_ns / a.duration_ns if a.duration_ns else 0.0,
+                wall_ms=s.wall_ns / NS_PER_MS,
+                cpu_ms=None if s.cpu_time_ns is None else s.cpu_time_ns / NS_PER_MS,
+                gpu_ms=None if s.gpu_time_ns is None else s.gpu_time_ns / NS_PER_MS,
+            )
+        )
+    root_id = t.span_id[a.root]
+    release = store.con.execute(_RELEASE_SQL, {"trace": full, "span": root_id}).fetchone()
+    return Explanation(
+        trace_id=full,
+        root_span_id=root_id,
+        name=t.name[a.root],
+        service=t.service[a.root],
+        release=release[0] if release else None,
+        duration_ms=a.duration_ns / NS_PER_MS,
+        spans=spans,
+        stages=stages,
+        span_count=len(t.span_id),
+        hidden_spans=len(t.span_id) - len(spans),
+        skewed_spans=a.skewed_spans,
+        fallback=a.fallback,
+    )
+
+
+def _waterfall_order(a: cp.TraceAnalysis) -> list[int]:
+    """Walked spans depth-first, siblings by (clipped) start time."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(a.tree_parent):
+        if p is not None:
+            kids.setdefault(p, []).append(i)
+    out: list[int] = []
+    stack = [a.root]
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        stack.extend(sorted(kids.get(i, []), key=lambda c: (a.clipped_start[c], c), reverse=True))
+    return out

@@ -1,0 +1,210 @@
+"""Renderers of :class:`tracekit.analysis.explain.Explanation`: a terminal waterfall,
+JSON and markdown. Renderers never query; they only format what the analysis returned.
+
+In the waterfall, ``█`` marks a span's own pieces of the critical path and ``░`` the
+rest of its interval; ``★`` flags spans with time on the path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from tracekit import conventions as cv
+from tracekit.analysis.explain import ExplainSpan, Explanation
+from tracekit.render.common import markdown_table, ms, pct, rich_to_text, to_json
+
+BAR_WIDTH = 40
+PATH_GLYPH = "█"
+OFF_PATH_GLYPH = "░"
+STAR = "★"
+_NAME_WIDTH = 34
+
+
+def headline(e: Explanation) -> str:
+    """The sentence a person reads first: where this request's time went."""
+    top = sorted(e.stages, key=lambda s: s.critical_ms, reverse=True)[:2]
+    parts = [
+        f"{s.stage} {ms(s.critical_ms)} ({pct(s.share)}, {s.time_kind})"
+        for s in top
+        if s.critical_ms > 0
+    ]
+    if not parts:
+        return f"This request took {ms(e.duration_ms)}."
+    return f"Most of this request's {ms(e.duration_ms)} went to " + " and ".join(parts) + "."
+
+
+def _title(e: Explanation) -> str:
+    who = " ".join(x for x in (e.service, e.release) if x)
+    bits = [f"trace {e.trace_id}", e.name, who, ms(e.duration_ms), f"{e.span_count} spans"]
+    return "  ·  ".join(b for b in bits if b)
+
+
+def _notes(e: Explanation) -> list[str]:
+    notes = []
+    if e.fallback:
+        notes.append(
+            "No tracekit.stage on this trace: stages come from span kinds and names "
+            "(calls out and other services are downstream)."
+        )
+    if e.skewed_spans:
+        notes.append(
+            f"{e.skewed_spans} span(s) overflowed their parent (clock skew) and were clipped."
+        )
+    if e.hidden_spans:
+        notes.append(
+            f"{e.hidden_spans} span(s) lie outside the request or are not connected to it."
+        )
+    return notes
+
+
+def bar(span: ExplainSpan, total_ms: float, width: int = BAR_WIDTH) -> list[tuple[str, bool]]:
+    """The span's cells in a ``width``-cell waterfall: (glyph, on the critical path)."""
+    scale = width / total_ms if total_ms > 0 else 0.0
+    first = min(int(span.start_ms * scale), width - 1)
+    last = max(first, min(width - 1, int(span.end_ms * scale - 1e-9)))
+    cells: list[tuple[str, bool]] = [(" ", False)] * width
+    for k in range(first, last + 1):
+        lo, hi = k / scale if scale else 0.0, (k + 1) / scale if scale else 0.0
+        on = any(s < hi and e > lo for s, e in span.path)
+        cells[k] = (PATH_GLYPH if on else OFF_PATH_GLYPH, on)
+    return cells
+
+
+def _bar_text(span: ExplainSpan, total_ms: float) -> Text:
+    text = Text()
+    for glyph, on in bar(span, total_ms):
+        text.append(glyph, style="bold red" if on else "dim")
+    return text
+
+
+def _plain_bar(span: ExplainSpan, total_ms: float) -> str:
+    return "".join(glyph for glyph, _ in bar(span, total_ms)).rstrip()
+
+
+def _label(span: ExplainSpan) -> str:
+    label = "  " * span.depth + span.name
+    return label if len(label) <= _NAME_WIDTH else label[: _NAME_WIDTH - 1] + "…"
+
+
+def render_table(e: Explanation) -> str:
+    """The waterfall and the stage split, for a terminal."""
+    spans = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    spans.add_column(STAR, width=1)
+    spans.add_column("span", no_wrap=True, max_width=_NAME_WIDTH)
+    spans.add_column("service", no_wrap=True)
+    spans.add_column("stage", no_wrap=True)
+    spans.add_column("kind", no_wrap=True)
+    spans.add_column("start", justify="right", no_wrap=True)
+    spans.add_column("dur", justify="right", no_wrap=True)
+    spans.add_column("on path", justify="right", no_wrap=True)
+    spans.add_column(f"0 … {ms(e.duration_ms)}", no_wrap=True, width=BAR_WIDTH)
+    for s in e.spans:
+        spans.add_row(
+            Text(STAR, style="bold red") if s.on_critical_path else "",
+            _label(s),
+            s.service or "",
+            s.stage or cv.UNATTRIBUTED,
+            s.time_kind or "",
+            f"{s.start_ms:.1f}",
+            f"{s.duration_ms:.1f}",
+            f"{s.critical_ms:.1f}" if s.on_critical_path else "",
+            _bar_text(s, e.duration_ms),
+        )
+
+    stages = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, show_footer=True)
+    stages.add_column("stage", footer="total")
+    stages.add_column("wait/compute")
+    stages.add_column("on path", justify="right", footer=ms(e.duration_ms))
+    stages.add_column("share", justify="right", footer=pct(1.0))
+    stages.add_column("wall", justify="right")
+    stages.add_column("cpu", justify="right")
+    stages.add_column("gpu", justify="right")
+    for st in e.stages:
+        stages.add_row(
+            st.stage,
+            st.time_kind,
+            ms(st.critical_ms),
+            pct(st.share),
+            ms(st.wall_ms),
+            ms(st.cpu_ms),
+            ms(st.gpu_ms),
+        )
+    legend = f"{STAR} on the critical path   {PATH_GLYPH} the span's own path time   {OFF_PATH_GLYPH} off the path"
+    parts: list[Any] = [Text(_title(e), style="bold"), headline(e), *_notes(e), ""]
+    parts += [spans, Text(legend, style="dim"), "", Text("Per stage", style="bold"), stages]
+    return rich_to_text(*parts, width=150)
+
+
+def _as_dict(e: Explanation) -> dict[str, Any]:
+    out = dataclasses.asdict(e)
+    for span, d in zip(e.spans, out["spans"], strict=True):
+        d["duration_ms"] = span.duration_ms
+        d["on_critical_path"] = span.on_critical_path
+        d["path"] = [{"start_ms": s, "end_ms": t} for s, t in span.path]
+    out["summary"] = headline(e)
+    return out
+
+
+def render_json(e: Explanation) -> str:
+    """Stable JSON: the Explanation's fields, plus per span ``duration_ms`` and
+    ``on_critical_path``, plus ``summary`` (the headline sentence). Times in ms."""
+    return to_json(_as_dict(e))
+
+
+def render_markdown(e: Explanation) -> str:
+    """A markdown report: headline, stage split, then the waterfall in a table."""
+    lines = [f"### {_title(e)}", "", headline(e), ""]
+    lines += [f"> {n}" for n in _notes(e)]
+    stage_rows = [
+        [
+            s.stage,
+            s.time_kind,
+            ms(s.critical_ms),
+            pct(s.share),
+            ms(s.wall_ms),
+            ms(s.cpu_ms),
+            ms(s.gpu_ms),
+        ]
+        for s in e.stages
+    ]
+    stage_rows.append(["**total**", "", ms(e.duration_ms), pct(1.0), "", "", ""])
+    lines += [
+        markdown_table(
+            ["stage", "wait/compute", "on path", "share", "wall", "cpu", "gpu"], stage_rows
+        ),
+        "",
+    ]
+    span_rows = [
+        [
+            STAR if s.on_critical_path else "",
+            "&nbsp;" * (2 * s.depth) + s.name,
+            s.service or "",
+            s.stage or cv.UNATTRIBUTED,
+            f"{s.start_ms:.1f}",
+            f"{s.duration_ms:.1f}",
+            f"{s.critical_ms:.1f}" if s.on_critical_path else "",
+            f"`{_plain_bar(s, e.duration_ms)}`",
+        ]
+        for s in e.spans
+    ]
+    lines.append(
+        markdown_table(
+            ["★", "span", "service", "stage", "start ms", "dur ms", "on path ms", "waterfall"],
+            span_rows,
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Any], str]] = {
+    "table": render_table,
+    "json": render_json,
+    "markdown": render_markdown,
+}
+"""Renderer per ``--format`` value."""
