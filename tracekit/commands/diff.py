@@ -1,17 +1,62 @@
-"""`tracekit diff` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit diff`: which stage grew the tail between two releases, wait or compute."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Compare two releases: tail quantiles with bootstrap intervals, the stage that explains
+the tail growth (counterfactual), wait vs compute vs hidden wait, attribute values
+over-represented in slow traces, and exemplar traces.
+
+Example:
+  tracekit diff --before v1 --after v2 --jaeger-url http://localhost:16686
+  tracekit diff --before v1 --after v2 --format json > diff.json
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("diff", help="(not available in this build)")
+    parser = add_command(
+        sub,
+        "diff",
+        help="what a release changed in the tail, and which stage",
+        description=DESCRIPTION,
+    )
+    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
+    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
+    parser.add_argument("--service", default=None, help="only requests entering this service")
+    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    parser.add_argument(
+        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
+    )
+    parser.add_argument(
+        "--confidence", type=float, default=0.95, help="confidence level of the intervals"
+    )
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tracekit diff is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis.diff import diff_releases
+    from tracekit.analysis.store import open_store
+    from tracekit.errors import ConfigError
+    from tracekit.render.diff import RENDERERS
+
+    if not 0.5 <= args.confidence < 1.0:
+        raise ConfigError(f"--confidence must be in [0.5, 1), got {args.confidence}")
+    with open_store(args.db, read_only=True) as store:
+        result = diff_releases(
+            store,
+            args.before,
+            args.after,
+            service=args.service,
+            route=args.route,
+            confidence=args.confidence,
+            jaeger_url=args.jaeger_url,
+        )
+    emit(result, args.format, RENDERERS)
+    return 0

@@ -1,17 +1,47 @@
-"""`tracekit slow` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit slow`: where slow requests (≥ p99) spend the time fast ones (≤ p50) do not."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Compare the slow (≥ p99, widened to ≥ p95 when thin) and fast (≤ p50) requests of one
+release stage by stage, rank attribute values over-represented in slow traces, and
+list exemplar traces.
+
+Example:
+  tracekit slow --version v2 --jaeger-url http://localhost:16686
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("slow", help="(not available in this build)")
+    parser = add_command(
+        sub, "slow", help="slow vs fast requests of one release", description=DESCRIPTION
+    )
+    parser.add_argument(
+        "--version", default=None, metavar="V", help="release (needed when several are stored)"
+    )
+    parser.add_argument("--service", default=None, help="only requests entering this service")
+    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    parser.add_argument(
+        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
+    )
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tracekit slow is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis.store import open_store
+    from tracekit.analysis.summary import slow_vs_fast
+    from tracekit.render.summary import SLOW_RENDERERS
+
+    with open_store(args.db, read_only=True) as store:
+        result = slow_vs_fast(
+            store, args.version, service=args.service, route=args.route, jaeger_url=args.jaeger_url
+        )
+    emit(result, args.format, SLOW_RENDERERS)
+    return 0

@@ -1,17 +1,45 @@
-"""`tracekit summary` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit summary`: requests, tail quantiles and the per-stage split of each release."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Summarise releases in the store: requests, p50/p90/p95/p99, and per stage the mean,
+the tail-cohort mean and its share of a tail request (wait or compute).
+
+Example:
+  tracekit summary                 # every release
+  tracekit summary --version v2 --format markdown
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("summary", help="(not available in this build)")
+    parser = add_command(
+        sub, "summary", help="tail latency of each release, split by stage", description=DESCRIPTION
+    )
+    parser.add_argument("--version", default=None, metavar="V", help="one release (default: all)")
+    parser.add_argument("--service", default=None, help="only requests entering this service")
+    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tracekit summary is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis.store import open_store
+    from tracekit.analysis.summary import summarize_all, summarize_release
+    from tracekit.render.summary import SUMMARY_RENDERERS
+
+    with open_store(args.db, read_only=True) as store:
+        if args.version is None:
+            summaries = summarize_all(store, service=args.service, route=args.route)
+        else:
+            summaries = [
+                summarize_release(store, args.version, service=args.service, route=args.route)
+            ]
+    emit(summaries, args.format, SUMMARY_RENDERERS)
+    return 0

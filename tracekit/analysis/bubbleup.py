@@ -1,0 +1,193 @@
+"""Attribute values over-represented in slow traces (a BubbleUp, as in Honeycomb).
+
+For one release, every request is *slow* (duration at or above a threshold) or *rest*.
+Each trace contributes the set of ``attribute=value`` pairs found on any of its spans
+(span attributes of every span in the trace, the downstream service's included) plus
+the entry service's ``host.name`` and ``service.instance.id``. A value's *slow share*
+is the weighted fraction of slow traces that carry it; *rest share* the same over the
+rest. Values are ranked by ``slow_share − rest_share``.
+
+One SQL aggregation does the work (``json_each`` over the attributes JSON, one
+DISTINCT per trace, one GROUP BY). Parsing the JSON is the cost, so when the rest holds
+more than :data:`MAX_REST_TRACES` traces a deterministic hash sample of it (every slow
+trace is kept) estimates the rest shares: with 20,000 traces a share's standard error
+is under 0.004, far below the 0.05 difference a value needs to be ranked.
+
+Skipped, because a value per trace says nothing about a cohort: attributes with more
+than :data:`MAX_CARDINALITY` distinct values in the release, ids, timestamps, URLs,
+nanosecond measurements, and the request-level load signals (autoscale's business).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracekit import conventions as cv
+from tracekit.analysis.release import NS_PER_MS
+from tracekit.analysis.store import Store
+
+MAX_CARDINALITY = 50
+MIN_SLOW_COUNT = 3
+"""A value must occur in at least this many slow traces to be ranked."""
+MIN_SHARE_DIFFERENCE = 0.05
+TOP = 10
+MAX_REST_TRACES = 20_000
+_HASH_BUCKETS = 1_000_000
+
+SKIPPED_ATTRIBUTES: tuple[str, ...] = (
+    cv.URL_FULL,
+    cv.BATCH_ID,
+    cv.BATCH_REQUEST_COUNT,
+    cv.SAMPLE_WEIGHT,
+    cv.CPU_TIME_NS,
+    cv.GPU_TIME_NS,
+    cv.QUEUE_FILL_WAIT_NS,
+    cv.QUEUE_WORKER_WAIT_NS,
+    cv.INFLIGHT,
+    cv.QUEUE_DEPTH,
+    cv.CPU_UTILIZATION,
+    cv.GPU_UTILIZATION,
+)
+"""Attributes never ranked, whatever their cardinality."""
+
+SKIPPED_PATTERN = r"(^|[._])(id|ids|uuid|time|timestamp|url|uri|query)$|_ns$|(^|\.)(trace|span)_?id"
+"""Key shapes that name identifiers, clocks or URLs (``user.id``, ``db.query``, ``*_ns``)."""
+
+_REQ_CTE = """
+WITH req AS (
+    SELECT trace_id, sample_weight AS w, duration_ns >= $threshold_ns AS slow,
+           host_name, instance_id
+    FROM requests
+    WHERE release = $release AND ($service IS NULL OR service_name = $service)
+      AND ($route IS NULL OR route = $route OR name = $route)
+      AND (duration_ns >= $threshold_ns OR hash(trace_id) % $buckets < $keep)
+)"""
+
+_SQL = (
+    _REQ_CTE
+    + """,
+pairs AS (
+    SELECT DISTINCT s.trace_id, j.key AS attribute, j.value ->> '$' AS value
+    FROM spans s JOIN req r ON s.trace_id = r.trace_id, json_each(s.attributes) j
+    WHERE j.type IN ('VARCHAR', 'BOOLEAN', 'BIGINT', 'UBIGINT', 'DOUBLE')
+      AND NOT list_contains($skipped, j.key)
+      AND NOT regexp_matches(j.key, $skipped_pattern)
+    UNION
+    SELECT trace_id, $host_key, host_name FROM req WHERE host_name IS NOT NULL
+    UNION
+    SELECT trace_id, $instance_key, instance_id FROM req WHERE instance_id IS NOT NULL
+),
+tagged AS (
+    SELECT p.attribute, p.value, r.slow, r.w
+    FROM pairs p JOIN req r ON p.trace_id = r.trace_id
+),
+narrow AS (
+    SELECT attribute FROM tagged GROUP BY attribute
+    HAVING count(DISTINCT value) <= $max_cardinality
+)
+SELECT t.attribute, t.value,
+       coalesce(sum(t.w) FILTER (WHERE t.slow), 0) AS slow_w,
+       coalesce(sum(t.w) FILTER (WHERE NOT t.slow), 0) AS rest_w,
+       count(*) FILTER (WHERE t.slow) AS slow_n,
+       count(*) FILTER (WHERE NOT t.slow) AS rest_n
+FROM tagged t SEMI JOIN narrow n ON t.attribute = n.attribute
+GROUP BY t.attribute, t.value
+"""
+)
+
+_TOTALS_SQL = (
+    _REQ_CTE
+    + """
+SELECT coalesce(sum(w) FILTER (WHERE slow), 0), coalesce(sum(w) FILTER (WHERE NOT slow), 0),
+       count(*) FILTER (WHERE NOT slow)
+FROM req
+"""
+)
+
+
+@dataclass(frozen=True)
+class AttributeLift:
+    """One attribute value and how much more often slow traces carry it."""
+
+    attribute: str
+    value: str
+    slow_share: float
+    """Weighted fraction of slow traces with this value (0..1)."""
+    rest_share: float
+    """Weighted fraction of the other traces with this value (0..1)."""
+    lift: float
+    """slow_share / rest_share (infinite, written as null, when the rest never has it)."""
+    slow_count: int
+    """Slow traces (not weighted) with this value."""
+    rest_count: int
+
+
+def rank_attributes(
+    store: Store,
+    release: str,
+    threshold_ms: float,
+    *,
+    service: str | None = None,
+    route: str | None = None,
+    top: int = TOP,
+) -> list[AttributeLift]:
+    """Values over-represented in requests of ``release`` at or above ``threshold_ms``."""
+    params: dict[str, object] = {
+        "release": release,
+        "service": service,
+        "route": route,
+        "threshold_ns": int(round(threshold_ms * NS_PER_MS)),
+        "buckets": _HASH_BUCKETS,
+        "keep": _HASH_BUCKETS,
+    }
+    totals = store.con.execute(_TOTALS_SQL, params).fetchone()
+    if totals is None or float(totals[0]) <= 0:
+        return []
+    if int(totals[2]) > MAX_REST_TRACES:
+        params["keep"] = int(_HASH_BUCKETS * MAX_REST_TRACES / int(totals[2]))
+        totals = store.con.execute(_TOTALS_SQL, params).fetchone()
+        if totals is None:
+            return []
+    slow_total, rest_total = float(totals[0]), float(totals[1])
+    rows = store.con.execute(
+        _SQL,
+        {
+            **params,
+            "skipped": list(SKIPPED_ATTRIBUTES),
+            "skipped_pattern": SKIPPED_PATTERN,
+            "host_key": cv.HOST_NAME,
+            "instance_key": cv.SERVICE_INSTANCE_ID,
+            "max_cardinality": MAX_CARDINALITY,
+        },
+    ).fetchall()
+    return rank_rows(rows, slow_total, rest_total, top=top)
+
+
+def rank_rows(
+    rows: list[tuple[str, str, float, float, int, int]],
+    slow_total: float,
+    rest_total: float,
+    *,
+    top: int = TOP,
+) -> list[AttributeLift]:
+    """Rank aggregated (attribute, value, slow_w, rest_w, slow_n, rest_n) rows."""
+    out = []
+    for attribute, value, slow_w, rest_w, slow_n, rest_n in rows:
+        slow_share = float(slow_w) / slow_total
+        rest_share = float(rest_w) / rest_total if rest_total > 0 else 0.0
+        if int(slow_n) < MIN_SLOW_COUNT or slow_share - rest_share < MIN_SHARE_DIFFERENCE:
+            continue
+        lift = slow_share / rest_share if rest_share > 0 else float("inf")
+        out.append(
+            AttributeLift(
+                attribute=str(attribute),
+                value=str(value),
+                slow_share=slow_share,
+                rest_share=rest_share,
+                lift=lift,
+                slow_count=int(slow_n),
+                rest_count=int(rest_n),
+            )
+        )
+    out.sort(key=lambda a: (-(a.slow_share - a.rest_share), -a.slow_count, a.attribute, a.value))
+    return out[:top]

@@ -1,0 +1,319 @@
+"""``tracekit diff``: what a release changed in the tail, which stage explains it, and why.
+
+The result (:class:`DiffResult`) is the JSON contract in DESIGN.md: quantile deltas with
+bootstrap intervals, the tail cohort compared stage by stage, the counterfactual
+attribution of the tail growth (:mod:`tracekit.analysis.counterfactual`), a verdict
+sentence, over-represented attribute values (:mod:`tracekit.analysis.bubbleup`),
+exemplar traces and flags. :func:`compute_diff` is pure (two :class:`ReleaseData`);
+:func:`diff_releases` loads them from the store and adds the attribute ranking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracekit import conventions as cv
+from tracekit.analysis import counterfactual as cf
+from tracekit.analysis.bubbleup import AttributeLift, rank_attributes
+from tracekit.analysis.release import ReleaseData, load_release, order_stages
+from tracekit.analysis.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
+from tracekit.analysis.store import Store
+from tracekit.analysis.wording import (
+    Flag,
+    cpu_flag,
+    few_requests_flag,
+    quantile_name,
+    verdict_sentence,
+)
+
+EXEMPLARS = 3
+
+
+@dataclass(frozen=True)
+class ReleaseRef:
+    label: str
+    requests: int
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """One quantile before and after (ms), the delta and its bootstrap interval."""
+
+    quantile: str
+    before: float
+    after: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    rel_delta: float
+    rel_ci_low: float
+    rel_ci_high: float
+
+
+@dataclass(frozen=True)
+class TailCohort:
+    """The requests compared stage by stage: at or above each release's tail quantile."""
+
+    cohort: str
+    """``p99``, or ``p95`` when p99 rests on too few requests."""
+    threshold_before_ms: float
+    threshold_after_ms: float
+    requests_before: int
+    requests_after: int
+    widened: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class StageDelta:
+    """One stage: attribution share (counterfactual) and tail-cohort evidence (ms)."""
+
+    name: str
+    time_kind: str
+    """Declared kind: ``wait`` or ``compute``."""
+    kind: str
+    """Effective kind: the declared one, or ``hidden_wait``."""
+    share: float
+    """Share of the tail growth this stage explains (counterfactual; 0..1, null if none)."""
+    counterfactual_p99_removed_ms: float
+    """Tail-quantile growth that disappears when this stage is put back (may be < 0)."""
+    mean_before_ms: float
+    mean_after_ms: float
+    tail_before_ms: float
+    tail_after_ms: float
+    tail_delta_ms: float
+    wall_tail_before_ms: float
+    wall_tail_after_ms: float
+    cpu_tail_before_ms: float
+    cpu_tail_after_ms: float
+    gpu_tail_before_ms: float
+    gpu_tail_after_ms: float
+    hidden_wait: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    primary_stage: str | None
+    kind: str
+    """``wait``, ``compute``, ``hidden_wait`` or ``none``."""
+    share: float
+    summary: str
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    trace_id: str
+    duration_ms: float
+    primary_stage_ms: float
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    before: ReleaseRef
+    after: ReleaseRef
+    confidence: float
+    latency: list[LatencyRow]
+    tail: TailCohort
+    stages: list[StageDelta]
+    verdict: Verdict
+    attributes: list[AttributeLift] = field(default_factory=list)
+    exemplars: list[Exemplar] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+
+
+def _latency_row(d: QuantileDelta) -> LatencyRow:
+    return LatencyRow(
+        quantile=quantile_name(d.q),
+        before=d.before,
+        after=d.after,
+        delta=d.delta,
+        ci_low=d.ci_low,
+        ci_high=d.ci_high,
+        rel_delta=d.rel_delta,
+        rel_ci_low=d.rel_ci_low,
+        rel_ci_high=d.rel_ci_high,
+    )
+
+
+def compute_diff(
+    before: ReleaseData,
+    after: ReleaseData,
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    jaeger_url: str | None = None,
+) -> DiffResult:
+    """Compare two releases' requests; pure (no attribute ranking, which needs spans)."""
+    deltas = quantile_deltas(
+        before.duration_ms,
+        after.duration_ms,
+        DEFAULT_QUANTILES,
+        before_weights=before.weights,
+        after_weights=after.weights,
+        confidence=confidence,
+        seed=seed,
+    )
+    q, reason = cf.choose_tail(before.duration_ms, before.weights, after.duration_ms, after.weights)
+    tail_delta = next(d for d in deltas if d.q == q)
+    b_mask = before.duration_ms >= tail_delta.before
+    a_mask = after.duration_ms >= tail_delta.after
+    tail = TailCohort(
+        cohort=quantile_name(q),
+        threshold_before_ms=tail_delta.before,
+        threshold_after_ms=tail_delta.after,
+        requests_before=int(b_mask.sum()),
+        requests_after=int(a_mask.sum()),
+        widened=q != 0.99,
+        reason=reason,
+    )
+
+    stages = order_stages(set(before.stages) | set(after.stages))
+    _, removals = cf.counterfactual_removals(before, after, q, stages)
+    rows = []
+    for removal in removals:
+        name = removal.stage
+        declared = cf.declared_kind(before, after, name)
+        eb = cf.stage_evidence(before, name, b_mask)
+        ea = cf.stage_evidence(after, name, a_mask)
+        hidden = cf.is_hidden_wait(declared, eb, ea)
+        rows.append(
+            StageDelta(
+                name=name,
+                time_kind=declared,
+                kind=cv.HIDDEN_WAIT if hidden else declared,
+                share=removal.share,
+                counterfactual_p99_removed_ms=removal.removed_ms,
+                mean_before_ms=cf.weighted_mean(before.stage_column(name), before.weights),
+                mean_after_ms=cf.weighted_mean(after.stage_column(name), after.weights),
+                tail_before_ms=eb.critical_ms,
+                tail_after_ms=ea.critical_ms,
+                tail_delta_ms=ea.critical_ms - eb.critical_ms,
+                wall_tail_before_ms=eb.wall_ms,
+                wall_tail_after_ms=ea.wall_ms,
+                cpu_tail_before_ms=eb.cpu_ms,
+                cpu_tail_after_ms=ea.cpu_ms,
+                gpu_tail_before_ms=eb.gpu_ms,
+                gpu_tail_after_ms=ea.gpu_ms,
+                hidden_wait=hidden,
+            )
+        )
+
+    verdict = _verdict(tail_delta, rows, confidence)
+    flags = _flags(before, after, tail, tail_delta, verdict)
+    result = DiffResult(
+        before=ReleaseRef(before.label, before.n),
+        after=ReleaseRef(after.label, after.n),
+        confidence=confidence,
+        latency=[_latency_row(d) for d in deltas],
+        tail=tail,
+        stages=rows,
+        verdict=verdict,
+        exemplars=_exemplars(after, a_mask, verdict.primary_stage, jaeger_url),
+        flags=flags,
+    )
+    return result
+
+
+def _verdict(tail_delta: QuantileDelta, rows: list[StageDelta], confidence: float) -> Verdict:
+    grew = tail_delta.delta > 0 and tail_delta.ci_low > 0
+    ranked = sorted(
+        (r for r in rows if r.share > 0), key=lambda r: (-r.counterfactual_p99_removed_ms, r.name)
+    )
+    if not grew or not ranked:
+        sentence = verdict_sentence(tail_delta, [], confidence)
+        return Verdict(primary_stage=None, kind="none", share=float("nan"), summary=sentence)
+    primary = ranked[0]
+    named = [primary] + [r for r in ranked[1:3] if r.share >= 0.2]
+    sentence = verdict_sentence(
+        tail_delta,
+        [(r.name, r.kind, r.share) for r in named],
+        confidence,
+        all_stages=[r.name for r in rows],
+    )
+    return Verdict(
+        primary_stage=primary.name, kind=primary.kind, share=primary.share, summary=sentence
+    )
+
+
+def _flags(
+    before: ReleaseData,
+    after: ReleaseData,
+    tail: TailCohort,
+    tail_delta: QuantileDelta,
+    verdict: Verdict,
+) -> list[Flag]:
+    flags = []
+    if tail.widened:
+        flags.append(Flag("tail_widened", tail.reason))
+    few = few_requests_flag(
+        [before, after], tail.cohort, [tail.requests_before, tail.requests_after]
+    )
+    if few is not None:
+        flags.append(few)
+    if verdict.kind == cv.HIDDEN_WAIT:
+        flags.append(
+            Flag(
+                "hidden_wait",
+                f"{verdict.primary_stage} is declared compute, but its time grew while its "
+                "measured CPU/GPU time did not: contention, GIL, throttling or sync stalls.",
+            )
+        )
+    if verdict.kind != "none":
+        flag = cpu_flag(before.cpu_utilization, after.cpu_utilization, tail_delta)
+        if flag is not None:
+            flags.append(flag)
+    return flags
+
+
+def _exemplars(
+    rel: ReleaseData, mask: np.ndarray, primary: str | None, jaeger_url: str | None
+) -> list[Exemplar]:
+    """Tail-cohort requests that show the verdict best: most primary-stage time first
+    (slowest first without a primary stage), so the waterfall opened shows the cause."""
+    idx = np.flatnonzero(mask)
+    if len(idx) == 0:
+        return []
+    stage_ms = rel.stage_column(primary)[idx] if primary else np.zeros(len(idx))
+    order = np.lexsort((rel.trace_ids[idx].astype(str), -rel.duration_ms[idx], -stage_ms))
+    base = jaeger_url.rstrip("/") if jaeger_url else None
+    out = []
+    for i in order[:EXEMPLARS]:
+        trace_id = str(rel.trace_ids[idx[i]])
+        out.append(
+            Exemplar(
+                trace_id=trace_id,
+                duration_ms=float(rel.duration_ms[idx[i]]),
+                primary_stage_ms=float(stage_ms[i]),
+                url=f"{base}/trace/{trace_id}" if base else None,
+            )
+        )
+    return out
+
+
+def diff_releases(
+    store: Store,
+    before: str,
+    after: str,
+    *,
+    service: str | None = None,
+    route: str | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    jaeger_url: str | None = None,
+) -> DiffResult:
+    """Diff two releases in the store, with the attribute ranking of the after release.
+
+    Raises :class:`~tracekit.errors.QueryError` naming the releases present when either
+    label is unknown.
+    """
+    b = load_release(store, before, service=service, route=route)
+    a = load_release(store, after, service=service, route=route)
+    result = compute_diff(b, a, confidence=confidence, seed=seed, jaeger_url=jaeger_url)
+    attributes = rank_attributes(
+        store, after, result.tail.threshold_after_ms, service=service, route=route
+    )
+    return dataclasses.replace(result, attributes=attributes)

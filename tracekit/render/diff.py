@@ -1,0 +1,225 @@
+"""Render a :class:`~tracekit.analysis.diff.DiffResult`: table, json or markdown.
+
+Every format leads with the verdict sentence, then the evidence: latency quantiles
+with their intervals, the stage split, over-represented attribute values, exemplar
+traces and flags. JSON is the result itself (the contract documented in docs/diff.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from tracekit.analysis.bubbleup import AttributeLift
+from tracekit.analysis.diff import DiffResult, Exemplar
+from tracekit.analysis.wording import Flag
+from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
+
+
+def _num(value: float, signed: bool = False) -> str:
+    text = signed_ms(value) if signed else ms(value)
+    return text.removesuffix(" ms")
+
+
+def _ci(lo: float, hi: float) -> str:
+    if lo != lo or hi != hi:  # NaN
+        return "–"
+    return f"{lo:+.1f} .. {hi:+.1f}"
+
+
+def latency_rows(result: DiffResult) -> list[list[str]]:
+    return [
+        [
+            row.quantile,
+            _num(row.before),
+            _num(row.after),
+            _num(row.delta, signed=True),
+            _ci(row.ci_low, row.ci_high),
+            pct(row.rel_delta, signed=True),
+        ]
+        for row in result.latency
+    ]
+
+
+LATENCY_HEADERS = ["quantile", "before ms", "after ms", "delta ms", "CI ms", "relative"]
+STAGE_HEADERS = [
+    "stage",
+    "kind",
+    "share",
+    "removes",
+    "tail before",
+    "tail after",
+    "tail Δ",
+    "cpu+gpu tail",
+]
+
+
+def _measured(before: float, after: float) -> str:
+    if before != before or after != after:
+        return "–"
+    return f"{before:.1f} → {after:.1f}"
+
+
+def stage_rows(result: DiffResult) -> list[list[str]]:
+    rows = []
+    for s in result.stages:
+        cpu_b = _sum(s.cpu_tail_before_ms, s.gpu_tail_before_ms)
+        cpu_a = _sum(s.cpu_tail_after_ms, s.gpu_tail_after_ms)
+        rows.append(
+            [
+                s.name,
+                s.kind.replace("_", " "),
+                pct(s.share) if s.share == s.share else "–",
+                _num(s.counterfactual_p99_removed_ms, signed=True),
+                _num(s.tail_before_ms),
+                _num(s.tail_after_ms),
+                _num(s.tail_delta_ms, signed=True),
+                _measured(cpu_b, cpu_a),
+            ]
+        )
+    return rows
+
+
+def _sum(a: float, b: float) -> float:
+    if a != a and b != b:
+        return float("nan")
+    return (0.0 if a != a else a) + (0.0 if b != b else b)
+
+
+ATTRIBUTE_HEADERS = ["attribute = value", "slow", "rest", "lift", "slow traces"]
+
+
+def attribute_rows(attributes: Sequence[AttributeLift]) -> list[list[str]]:
+    return [
+        [
+            f"{a.attribute}={a.value}",
+            pct(a.slow_share),
+            pct(a.rest_share),
+            f"{a.lift:.1f}×" if a.lift != float("inf") else "only slow",
+            str(a.slow_count),
+        ]
+        for a in attributes
+    ]
+
+
+EXEMPLAR_HEADERS = ["trace", "duration ms", "primary stage ms", "link"]
+
+
+def exemplar_rows(exemplars: Sequence[Exemplar]) -> list[list[str]]:
+    """Trace, duration, primary-stage ms, and the link column only when there are links."""
+    with_links = any(e.url for e in exemplars)
+    return [
+        [e.trace_id, _num(e.duration_ms), _num(e.primary_stage_ms)]
+        + ([e.url or ""] if with_links else [])
+        for e in exemplars
+    ]
+
+
+def exemplar_headers(exemplars: Sequence[Exemplar]) -> list[str]:
+    return EXEMPLAR_HEADERS if any(e.url for e in exemplars) else EXEMPLAR_HEADERS[:3]
+
+
+def cohort_line(result: DiffResult) -> str:
+    t = result.tail
+    line = (
+        f"Tail cohort ≥ {t.cohort}: {result.before.label} ≥ {t.threshold_before_ms:.1f} ms "
+        f"({t.requests_before} of {result.before.requests} requests), {result.after.label} ≥ "
+        f"{t.threshold_after_ms:.1f} ms ({t.requests_after} of {result.after.requests}). "
+        "share = part of the tail growth that disappears when the stage is put back "
+        "to its before distribution (counterfactual); tail columns are cohort means."
+    )
+    return line
+
+
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def flag_lines(flags: Sequence[Flag]) -> list[str]:
+    return [f"[{f.code}] {f.message}" for f in flags]
+
+
+def render_table(result: DiffResult) -> str:
+    parts: list[Any] = [
+        Text(result.verdict.summary, style="bold"),
+        "",
+        _table(
+            f"Latency {result.before.label} → {result.after.label} ({result.confidence:.0%} bootstrap CI)",
+            LATENCY_HEADERS,
+            latency_rows(result),
+        ),
+        _table("Stages (ms)", STAGE_HEADERS, stage_rows(result)),
+        Text(cohort_line(result), style="dim"),
+    ]
+    if result.attributes:
+        parts += [
+            "",
+            _table(
+                "Over-represented in slow traces",
+                ATTRIBUTE_HEADERS,
+                attribute_rows(result.attributes),
+            ),
+        ]
+    if result.exemplars:
+        parts += [
+            "",
+            _table(
+                "Exemplar slow traces",
+                exemplar_headers(result.exemplars),
+                exemplar_rows(result.exemplars),
+            ),
+        ]
+    if result.flags:
+        parts += ["", Text("Flags", style="bold")] + [
+            Text(line) for line in flag_lines(result.flags)
+        ]
+    return rich_to_text(*parts)
+
+
+def render_markdown(result: DiffResult) -> str:
+    out = [
+        f"### tracekit diff: {result.before.label} → {result.after.label}",
+        "",
+        f"**{result.verdict.summary}**",
+        "",
+        markdown_table(LATENCY_HEADERS, latency_rows(result)),
+        "",
+        markdown_table(STAGE_HEADERS, stage_rows(result)),
+        "",
+        f"_{cohort_line(result)}_",
+    ]
+    if result.attributes:
+        out += [
+            "",
+            "Over-represented in slow traces:",
+            "",
+            markdown_table(ATTRIBUTE_HEADERS, attribute_rows(result.attributes)),
+        ]
+    if result.exemplars:
+        rows = [
+            [f"[{r[0]}]({r[3]})" if len(r) > 3 else f"`{r[0]}`", r[1], r[2]]
+            for r in exemplar_rows(result.exemplars)
+        ]
+        out += ["", "Exemplar slow traces:", "", markdown_table(EXEMPLAR_HEADERS[:3], rows)]
+    if result.flags:
+        out += [""] + [f"- **{f.code}**: {f.message}" for f in result.flags]
+    return "\n".join(out) + "\n"
+
+
+def render_json(result: DiffResult) -> str:
+    return to_json(result)
+
+
+RENDERERS: dict[str, Callable[[Any], str]] = {
+    "table": render_table,
+    "json": render_json,
+    "markdown": render_markdown,
+}

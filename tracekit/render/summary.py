@@ -1,0 +1,166 @@
+"""Render ``tracekit summary`` (a list of :class:`Summary`) and ``tracekit slow``
+(:class:`SlowFast`) as table, json or markdown; each leads with its sentence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from tracekit.analysis.summary import SlowFast, Summary
+from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
+from tracekit.render.diff import (
+    ATTRIBUTE_HEADERS,
+    attribute_rows,
+    exemplar_headers,
+    exemplar_rows,
+    flag_lines,
+)
+
+SUMMARY_HEADERS = ["stage", "kind", "mean ms", "tail mean ms", "share of tail"]
+SLOW_HEADERS = ["stage", "kind", "fast mean ms", "slow mean ms", "delta ms", "share of gap"]
+
+
+def _num(value: float) -> str:
+    return ms(value).removesuffix(" ms")
+
+
+def latency_line(s: Summary) -> str:
+    qs = ", ".join(f"{k} {_num(v)}" for k, v in s.latency.items())
+    return f"{s.label}: {s.requests} requests ({s.errors} errors); {qs} ms"
+
+
+def summary_rows(s: Summary) -> list[list[str]]:
+    return [
+        [st.name, st.time_kind, _num(st.mean_ms), _num(st.tail_mean_ms), pct(st.tail_share)]
+        for st in s.stages
+    ]
+
+
+def slow_rows(r: SlowFast) -> list[list[str]]:
+    return [
+        [
+            g.name,
+            g.kind.replace("_", " "),
+            _num(g.fast_mean_ms),
+            _num(g.slow_mean_ms),
+            signed_ms(g.delta_ms).removesuffix(" ms"),
+            pct(g.share),
+        ]
+        for g in r.stages
+    ]
+
+
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def render_summaries_table(summaries: Sequence[Summary]) -> str:
+    parts: list[Any] = []
+    for s in summaries:
+        parts += [
+            Text(s.summary, style="bold"),
+            Text(latency_line(s)),
+            _table(
+                f"Stages of {s.label} (tail = ≥ {s.cohort}, {s.tail_requests} requests)",
+                SUMMARY_HEADERS,
+                summary_rows(s),
+            ),
+        ]
+        parts += [Text(line, style="yellow") for line in flag_lines(s.flags)]
+        parts.append("")
+    return rich_to_text(*parts)
+
+
+def render_summaries_markdown(summaries: Sequence[Summary]) -> str:
+    out = []
+    for s in summaries:
+        out += [
+            f"### tracekit summary: {s.label}",
+            "",
+            f"**{s.summary}**",
+            "",
+            latency_line(s),
+            "",
+            markdown_table(SUMMARY_HEADERS, summary_rows(s)),
+            "",
+        ]
+        out += [f"- **{f.code}**: {f.message}" for f in s.flags]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_summaries_json(summaries: Sequence[Summary]) -> str:
+    return to_json({"releases": list(summaries)})
+
+
+def _cohort_line(r: SlowFast) -> str:
+    return (
+        f"slow = ≥ {r.cohort} ({r.slow_threshold_ms:.1f} ms, {r.slow_requests} requests); "
+        f"fast = ≤ p50 ({r.fast_threshold_ms:.1f} ms, {r.fast_requests} requests); "
+        f"of {r.requests} requests in {r.label}"
+    )
+
+
+def render_slow_table(r: SlowFast) -> str:
+    parts: list[Any] = [
+        Text(r.summary, style="bold"),
+        "",
+        _table("Stages, slow vs fast (critical-path ms, cohort means)", SLOW_HEADERS, slow_rows(r)),
+        Text(_cohort_line(r), style="dim"),
+    ]
+    if r.attributes:
+        parts += [
+            "",
+            _table(
+                "Over-represented in slow traces", ATTRIBUTE_HEADERS, attribute_rows(r.attributes)
+            ),
+        ]
+    if r.exemplars:
+        parts += [
+            "",
+            _table(
+                "Exemplar slow traces", exemplar_headers(r.exemplars), exemplar_rows(r.exemplars)
+            ),
+        ]
+    if r.flags:
+        parts += ["", Text("Flags", style="bold")] + [Text(line) for line in flag_lines(r.flags)]
+    return rich_to_text(*parts)
+
+
+def render_slow_markdown(r: SlowFast) -> str:
+    out = [
+        f"### tracekit slow: {r.label}",
+        "",
+        f"**{r.summary}**",
+        "",
+        markdown_table(SLOW_HEADERS, slow_rows(r)),
+        "",
+        f"_{_cohort_line(r)}_",
+    ]
+    if r.attributes:
+        out += ["", markdown_table(ATTRIBUTE_HEADERS, attribute_rows(r.attributes))]
+    if r.exemplars:
+        out += ["", markdown_table(exemplar_headers(r.exemplars), exemplar_rows(r.exemplars))]
+    if r.flags:
+        out += [""] + [f"- **{f.code}**: {f.message}" for f in r.flags]
+    return "\n".join(out) + "\n"
+
+
+SUMMARY_RENDERERS: dict[str, Callable[[Any], str]] = {
+    "table": render_summaries_table,
+    "json": render_summaries_json,
+    "markdown": render_summaries_markdown,
+}
+
+SLOW_RENDERERS: dict[str, Callable[[Any], str]] = {
+    "table": render_slow_table,
+    "json": to_json,
+    "markdown": render_slow_markdown,
+}
