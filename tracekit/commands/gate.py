@@ -1,17 +1,128 @@
-"""`tracekit gate` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit gate`: the release gate for CI — pass, fail or inconclusive, with exit codes."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Check the after release's latency against budgets relative to the before release (or
+absolute), with bootstrap confidence intervals Holm-corrected across budgets. Each
+budget passes, fails (the whole interval is beyond it) or is inconclusive (the interval
+straddles it, or too few requests lie beyond the quantile to estimate it).
+Without budgets: p95 <= +10% and p99 <= +10%.
+
+Budgets: [stage.NAME.]pNN OP VALUE, OP one of < <=, VALUE absolute (200ms, 0.2s,
+150us), a change in ms (+5ms) or relative (+10%).
+
+Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or input error.
+
+Example:
+  tracekit gate --before v1 --after v2
+  tracekit gate --before v1 --after v2 --budget 'p99<=+10%' \\
+      --budget 'stage.batch_queue.p99<40ms' --min-effect 1ms \\
+      --junit gate.xml --markdown "$GITHUB_STEP_SUMMARY"
+  tracekit gate --before v1 --after v2 --config tracekit-gate.toml --format json
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("gate", help="(not available in this build)")
+    parser = add_command(
+        sub,
+        "gate",
+        help="release gate for CI: exit 0 pass, 1 fail, 3 inconclusive",
+        description=DESCRIPTION,
+    )
+    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
+    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
+    parser.add_argument(
+        "--budget",
+        action="append",
+        default=None,
+        metavar="BUDGET",
+        help="a budget such as 'p99<=+10%%' or 'stage.batch_queue.p99<40ms' (repeatable; "
+        "replaces the config file's budgets)",
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="FILE", help="gate config (TOML, [gate] table)"
+    )
+    parser.add_argument(
+        "--min-effect",
+        default=None,
+        metavar="DURATION",
+        help="changes smaller than this never fail a relative or delta budget (default 0ms)",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="two-sided confidence of each decision (default 0.95)",
+    )
+    parser.add_argument("--service", default=None, help="only requests entering this service")
+    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (results repeat)")
+    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        metavar="FILE",
+        help="also write a markdown report, e.g. to $GITHUB_STEP_SUMMARY",
+    )
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
+def _write(path: str, text: str) -> None:
+    from tracekit.errors import ConfigError
+
+    try:
+        with Path(path).open("w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
-    print("tracekit gate is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis.budgets import (
+        GateConfig,
+        check_confidence,
+        load_config,
+        parse_budgets,
+        parse_duration_ms,
+    )
+    from tracekit.analysis.gate import DEFAULT_CONFIDENCE, run_gate
+    from tracekit.analysis.store import open_store
+    from tracekit.render.gate import RENDERERS, render_junit, render_markdown
+
+    config = load_config(args.config) if args.config else GateConfig()
+    budgets = parse_budgets(args.budget) if args.budget else config.budgets
+    if args.confidence is not None:
+        confidence = check_confidence(args.confidence, what="--confidence")
+    else:
+        confidence = config.confidence or DEFAULT_CONFIDENCE
+    if args.min_effect is not None:
+        min_effect = parse_duration_ms(args.min_effect, what="--min-effect")
+    else:
+        min_effect = config.min_effect_ms or 0.0
+    with open_store(args.db, read_only=True) as store:
+        result = run_gate(
+            store,
+            args.before,
+            args.after,
+            budgets=budgets or None,
+            confidence=confidence,
+            min_effect_ms=min_effect,
+            seed=args.seed,
+            service=args.service or config.service,
+            route=args.route or config.route,
+        )
+    if args.junit:
+        _write(args.junit, render_junit(result))
+    if args.markdown:
+        _write(args.markdown, render_markdown(result))
+    emit(result, args.format, RENDERERS)
+    return result.exit_code

@@ -1,0 +1,457 @@
+"""The release gate: is the after release within its latency budgets, with honest statistics?
+
+Each budget becomes one *check* with three outcomes, decided on a bootstrap interval:
+
+* ``fail`` — the whole interval lies beyond the budget;
+* ``pass`` — the whole interval lies within it;
+* ``inconclusive`` — the interval straddles the budget, or fewer than
+  :data:`MIN_TAIL` sampled requests lie at or above the quantile in a release the
+  check reads (the quantile cannot be estimated at all). Never a silent pass.
+
+Statistics: quantiles of the raw per-request times (no trimming), weighted by
+``tracekit.sample.weight``; a Poisson bootstrap of each release (resampled
+independently) gives replicates of the checked statistic — after/before − 1 for
+relative budgets, after − before for delta budgets, the after quantile itself for
+absolute ones. Each check gets two one-sided bootstrap p-values: ``p_fail`` (share of
+replicates within the budget; small means "beyond it") and ``p_pass`` (share beyond
+it). Each family is Holm-corrected across the tested checks at level
+(1 − confidence)/2, so with one check the decision is the ordinary two-sided
+percentile interval at ``confidence``, and with several the chance that *any* budget
+falsely fails (or falsely passes) stays at most (1 − confidence)/2. The interval
+reported with a check has its ends at the Holm-adjusted levels that check was tested
+at, so "fail" always reads as "interval beyond the budget".
+
+Minimum effect: a relative or delta budget is never failed by a change smaller than
+``min_effect_ms``; the limit is raised to that change (for relative budgets to
+``min_effect_ms`` over the baseline quantile). Absolute budgets are a fixed line, which
+the minimum effect does not move.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from tracekit import conventions as cv
+from tracekit.analysis import budgets as bg
+from tracekit.analysis import gate_report
+from tracekit.analysis.gate_report import (
+    BEYOND,
+    FAIL,
+    FEW_TAIL,
+    INCONCLUSIVE,
+    PASS,
+    STRADDLES,
+    WITHIN,
+    ZERO_BASELINE,
+)
+from tracekit.analysis.gate_stats import (
+    holm_bounds,
+    holm_levels,
+    split_counts,
+    window_bootstrap_quantiles,
+)
+from tracekit.analysis.release import ReleaseData, load_release
+from tracekit.analysis.stats import holm_adjust, weighted_quantiles
+from tracekit.analysis.store import Store
+from tracekit.errors import QueryError, TracekitError
+
+EXIT_CODES: dict[str, int] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+"""Process exit code per overall result (2 is reserved for usage and input errors)."""
+
+MIN_TAIL = 10
+"""Fewest sampled requests at or above a quantile for it to be estimated at all."""
+DEFAULT_BOOTSTRAP = 2000
+"""Replicates per release: resolves the Holm levels of ten budgets at 95% to ~2 replicates."""
+DEFAULT_CONFIDENCE = 0.95
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Sampled requests in each release, and how many lie at or above the quantile."""
+
+    before: int
+    after: int
+    before_tail: int
+    after_tail: int
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One budget's outcome. Relative values are fractions (0.1 = +10%), others ms."""
+
+    name: str
+    metric: str
+    """``latency`` or ``stage.<name>``."""
+    quantile: float
+    kind: str
+    """``relative``, ``delta`` or ``absolute``."""
+    op: str
+    result: str
+    reason: str
+    """``within``, ``beyond``, ``straddles``, ``too_few_tail_samples`` or ``zero_baseline``."""
+    observed: float
+    """The checked statistic: relative change, change in ms, or the after quantile in ms."""
+    budget: float
+    """The limit the interval was compared with (raised by the minimum effect if needed)."""
+    budget_text: str
+    """The limit as the user wrote it, canonically (``+10%``, ``40ms``)."""
+    ci_low: float
+    ci_high: float
+    samples: Samples
+    needed_samples: int | None
+    """Roughly how many requests per release would decide an inconclusive check."""
+    before_ms: float
+    after_ms: float
+    p_fail: float
+    """Holm-adjusted p-value of "within budget" (small: the budget is exceeded)."""
+    p_pass: float
+    """Holm-adjusted p-value of "beyond budget" (small: the budget holds)."""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """The diff's answer to "which stage grew the tail, and what kind of time"."""
+
+    primary_stage: str | None
+    kind: str
+    summary: str
+    share: float | None = None
+    """Fraction of the p99 growth the primary stage explains."""
+
+
+@dataclass(frozen=True)
+class GateWarning:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    label: str
+    requests: int
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's answer; render it with :mod:`tracekit.render.gate`."""
+
+    result: str
+    summary: str
+    before: ReleaseInfo
+    after: ReleaseInfo
+    confidence: float
+    correction: str
+    min_effect_ms: float
+    checks: tuple[GateCheck, ...]
+    verdict: GateVerdict | None
+    warnings: tuple[GateWarning, ...]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.result]
+
+
+def overall(results: Sequence[str]) -> str:
+    """Fail if any check fails, else inconclusive if any is, else pass."""
+    if FAIL in results:
+        return FAIL
+    if INCONCLUSIVE in results:
+        return INCONCLUSIVE
+    return PASS
+
+
+def _values(r: ReleaseData, stage: str | None) -> FloatArray:
+    return r.duration_ms if stage is None else r.stage_column(stage)
+
+
+def _tail(x: FloatArray, cut: float) -> int:
+    return int(np.count_nonzero(x >= cut)) if math.isfinite(cut) else 0
+
+
+@dataclass
+class _Metric:
+    """Point quantiles and bootstrap replicates of one metric in both releases."""
+
+    qs: list[float]
+    before: FloatArray
+    after: FloatArray
+    boot_before: FloatArray
+    boot_after: FloatArray
+
+
+def _bootstrap(
+    before: ReleaseData, after: ReleaseData, chosen: Sequence[bg.Budget], n_boot: int, seed: int
+) -> dict[str | None, _Metric]:
+    metrics: dict[str | None, _Metric] = {}
+    for b in chosen:
+        if b.stage is not None and b.stage not in before.stages + after.stages:
+            present = ", ".join(dict.fromkeys(before.stages + after.stages)) or "none"
+            raise QueryError(
+                f"budget {b.name!r}: neither {before.label} nor {after.label} has a stage "
+                f"{b.stage!r}; stages present: {present}"
+            )
+    for index, stage in enumerate(dict.fromkeys(b.stage for b in chosen)):
+        qs = sorted({b.quantile for b in chosen if b.stage == stage})
+        xb, xa = _values(before, stage), _values(after, stage)
+        # One generator per metric, seeded by (seed, metric index): reproducible, and the
+        # latency checks' replicates do not depend on which stage budgets follow them.
+        rng = np.random.default_rng([seed, index])
+        metrics[stage] = _Metric(
+            qs,
+            weighted_quantiles(xb, qs, before.weights),
+            weighted_quantiles(xa, qs, after.weights),
+            window_bootstrap_quantiles(xb, qs, before.weights, n_boot=n_boot, rng=rng),
+            window_bootstrap_quantiles(xa, qs, after.weights, n_boot=n_boot, rng=rng),
+        )
+    return metrics
+
+
+def _statistic(b: bg.Budget, m: _Metric, min_effect_ms: float) -> tuple[float, float, FloatArray]:
+    """(observed, limit, replicates) of the statistic ``b`` limits."""
+    j = m.qs.index(b.quantile)
+    before_ms, after_ms = float(m.before[j]), float(m.after[j])
+    rb, ra = m.boot_before[:, j], m.boot_after[:, j]
+    if b.kind == bg.RELATIVE:
+        observed = after_ms / before_ms - 1.0 if before_ms > 0 else math.nan
+        limit = b.value
+        if min_effect_ms > 0 and before_ms > 0:
+            limit = max(limit, min_effect_ms / before_ms)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            reps = np.where(rb > 0, ra / rb - 1.0, np.nan)
+        return observed, limit, reps
+    if b.kind == bg.DELTA:
+        return after_ms - before_ms, max(b.value, min_effect_ms), ra - rb
+    return after_ms, b.value, ra.copy()
+
+
+def evaluate_gate(
+    before: ReleaseData,
+    after: ReleaseData,
+    budgets: Sequence[bg.Budget] | None = None,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    min_effect_ms: float = 0.0,
+    seed: int = 0,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    verdict: GateVerdict | None = None,
+) -> GateResult:
+    """Check ``after`` against ``before`` under ``budgets`` (default: p95, p99 ≤ +10%).
+
+    Pure: reads only the two releases. Raises :class:`~tracekit.errors.ConfigError` for
+    a bad confidence or minimum effect and :class:`~tracekit.errors.QueryError` for a
+    budget on a stage neither release has.
+    """
+    confidence = bg.check_confidence(confidence)
+    min_effect_ms = bg.parse_duration_ms(min_effect_ms, what="min_effect")
+    chosen = tuple(budgets) if budgets else bg.DEFAULT_BUDGETS
+    metrics = _bootstrap(before, after, chosen, n_boot, seed)
+
+    drafts: list[GateCheck] = []
+    tested: list[tuple[int, FloatArray]] = []
+    for b in chosen:
+        m = metrics[b.stage]
+        j = m.qs.index(b.quantile)
+        observed, limit, reps = _statistic(b, m, min_effect_ms)
+        samples = Samples(
+            before.n,
+            after.n,
+            _tail(_values(before, b.stage), float(m.before[j])),
+            _tail(_values(after, b.stage), float(m.after[j])),
+        )
+        # An absolute budget reads only the after release; the others read both.
+        tails = [samples.after_tail] + ([samples.before_tail] if b.kind != bg.ABSOLUTE else [])
+        finite = np.sort(reps[np.isfinite(reps)])
+        reason = STRADDLES
+        if min(tails) < MIN_TAIL:
+            reason = FEW_TAIL
+        elif b.kind == bg.RELATIVE and (m.before[j] <= 0 or len(finite) < n_boot // 2):
+            reason = ZERO_BASELINE
+        else:
+            tested.append((len(drafts), finite))
+        drafts.append(
+            GateCheck(
+                name=b.name,
+                metric=b.metric,
+                quantile=b.quantile,
+                kind=b.kind,
+                op=b.op,
+                result=INCONCLUSIVE,
+                reason=reason,
+                observed=observed,
+                budget=limit,
+                budget_text=b.value_text,
+                ci_low=math.nan,
+                ci_high=math.nan,
+                samples=samples,
+                needed_samples=None,
+                before_ms=float(m.before[j]),
+                after_ms=float(m.after[j]),
+                p_fail=math.nan,
+                p_pass=math.nan,
+            )
+        )
+
+    alpha = (1.0 - confidence) / 2.0
+    p_fail, p_pass = [], []
+    for i, reps in tested:
+        within, beyond = split_counts(reps, drafts[i].budget, drafts[i].op == "<")
+        p_fail.append(within / len(reps))
+        p_pass.append(beyond / len(reps))
+    fail_levels, pass_levels = holm_levels(p_fail, alpha), holm_levels(p_pass, alpha)
+    adj_fail, adj_pass = holm_adjust(p_fail), holm_adjust(p_pass)
+    for t, (i, reps) in enumerate(tested):
+        (level_f, failed), (level_p, passed) = fail_levels[t], pass_levels[t]
+        lo, hi = holm_bounds(reps, level_f, level_p)
+        result, reason = (
+            (FAIL, BEYOND)
+            if failed
+            else (PASS, WITHIN)
+            if passed
+            else (
+                INCONCLUSIVE,
+                STRADDLES,
+            )
+        )
+        drafts[i] = replace(
+            drafts[i],
+            result=result,
+            reason=reason,
+            ci_low=lo,
+            ci_high=hi,
+            p_fail=adj_fail[t],
+            p_pass=adj_pass[t],
+        )
+    checks = [
+        replace(c, needed_samples=gate_report.needed_requests(c, MIN_TAIL))
+        if c.result == INCONCLUSIVE
+        else c
+        for c in drafts
+    ]
+    warnings = tuple(
+        GateWarning("coordinated_omission", msg) for msg in coordinated_omission(before, after)
+    )
+    info_b, info_a = ReleaseInfo(before.label, before.n), ReleaseInfo(after.label, after.n)
+    return _finish(info_b, info_a, confidence, min_effect_ms, checks, verdict, warnings)
+
+
+def _finish(
+    before: ReleaseInfo,
+    after: ReleaseInfo,
+    confidence: float,
+    min_effect_ms: float,
+    checks: Sequence[GateCheck],
+    verdict: GateVerdict | None,
+    warnings: tuple[GateWarning, ...],
+) -> GateResult:
+    worded = tuple(replace(c, message=gate_report.describe(c, verdict, MIN_TAIL)) for c in checks)
+    result = overall([c.result for c in worded])
+    return GateResult(
+        result=result,
+        summary=gate_report.summarize(result, before, after, confidence, worded),
+        before=before,
+        after=after,
+        confidence=confidence,
+        correction="holm",
+        min_effect_ms=min_effect_ms,
+        checks=worded,
+        verdict=verdict,
+        warnings=warnings,
+    )
+
+
+def with_verdict(
+    result: GateResult, verdict: GateVerdict | None, warnings: Sequence[GateWarning] = ()
+) -> GateResult:
+    """The same result with the diff's verdict attached, messages reworded to use it."""
+    return _finish(
+        result.before,
+        result.after,
+        result.confidence,
+        result.min_effect_ms,
+        result.checks,
+        verdict,
+        result.warnings + tuple(warnings),
+    )
+
+
+def coordinated_omission(before: ReleaseData, after: ReleaseData) -> list[str]:
+    """Warnings for releases whose requests look like a one-connection closed loop.
+
+    With no batch queue in the trace and every request starting only after the previous
+    one ended, a slow request held back the requests behind it, whose waiting was never
+    recorded: the measured quantiles understate what users at a fixed rate would see.
+    """
+    out = []
+    for r in (before, after):
+        if r.n < 20 or cv.BATCH_QUEUE in r.stages:
+            continue
+        order = np.argsort(r.start_ns, kind="stable")
+        start = r.start_ns[order].astype(np.float64)
+        if start[-1] == start[0]:
+            continue  # no timestamps to judge by
+        end = start + r.duration_ms[order] * 1e6
+        # 1 µs of slack absorbs the float round trip ns → ms → ns.
+        if np.all(start[1:] >= end[:-1] - 1e3):
+            out.append(
+                f"release {r.label}: every request started only after the previous one "
+                "ended and none has a batch_queue stage, as from a closed-loop load "
+                "generator with one connection; latency may be understated (coordinated "
+                "omission). Gate on an open-loop (fixed arrival rate) load test."
+            )
+    return out
+
+
+def _diff_verdict(
+    before: ReleaseData, after: ReleaseData, confidence: float, seed: int
+) -> tuple[GateVerdict | None, list[GateWarning]]:
+    """The diff's verdict, or a warning saying why there is none (the gate still decides)."""
+    try:
+        from tracekit.analysis.diff import compute_diff
+
+        diff = compute_diff(before, after, confidence=confidence, seed=seed)
+        v = diff.verdict
+        share = getattr(v, "share", None)
+        if share is None:
+            share = next((s.share for s in diff.stages if s.name == v.primary_stage), None)
+        return GateVerdict(v.primary_stage, v.kind, v.summary, share), []
+    except (ImportError, AttributeError, TypeError, ValueError, TracekitError) as exc:
+        # The verdict only words the failure message; a missing or failing diff must
+        # not hide the gate's decision, so say what happened and carry on without it.
+        return None, [GateWarning("no_verdict", f"no stage attribution from the diff: {exc}")]
+
+
+def run_gate(
+    store: Store,
+    before: str,
+    after: str,
+    *,
+    budgets: Sequence[bg.Budget] | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    min_effect_ms: float = 0.0,
+    seed: int = 0,
+    service: str | None = None,
+    route: str | None = None,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+) -> GateResult:
+    """Gate release ``after`` against ``before`` as stored; see :func:`evaluate_gate`.
+
+    When any check does not pass, the diff's verdict (which stage grew the tail, wait or
+    compute) is attached and named in the failure messages.
+    """
+    b = load_release(store, before, service=service, route=route)
+    a = load_release(store, after, service=service, route=route)
+    result = evaluate_gate(
+        b, a, budgets, confidence=confidence, min_effect_ms=min_effect_ms, seed=seed, n_boot=n_boot
+    )
+    if result.result == PASS:
+        return result
+    verdict, warnings = _diff_verdict(b, a, result.confidence, seed)
+    return with_verdict(result, verdict, warnings)

@@ -1,0 +1,215 @@
+"""Renderers for :class:`~tracekit.analysis.gate.GateResult`: table, JSON, markdown, JUnit XML.
+
+The JSON shape is documented in docs/gate.md and kept stable; latencies are
+milliseconds, relative values fractions (0.1 = +10%). Markdown is meant for
+``$GITHUB_STEP_SUMMARY`` or a pull-request comment; JUnit XML gives CI one test case per
+budget (``<failure>`` for fail, ``<skipped>`` for inconclusive).
+"""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
+
+from tracekit.analysis.gate import GateCheck, GateResult
+from tracekit.analysis.gate_report import observed_text
+from tracekit.render.common import markdown_table, ms, rich_to_text, to_json
+
+ICONS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
+_STYLES = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def as_dict(result: GateResult) -> dict[str, Any]:
+    """The JSON document (before serialisation); field order is part of the contract."""
+    checks = []
+    for c in result.checks:
+        item: dict[str, Any] = {
+            "name": c.name,
+            "result": c.result,
+            "reason": c.reason,
+            "metric": c.metric,
+            "quantile": c.quantile,
+            "kind": c.kind,
+            "op": c.op,
+            "observed": _num(c.observed),
+            "budget": _num(c.budget),
+            "budget_text": c.budget_text,
+            "ci_low": _num(c.ci_low),
+            "ci_high": _num(c.ci_high),
+            "before_ms": _num(c.before_ms),
+            "after_ms": _num(c.after_ms),
+            "samples": {
+                "before": c.samples.before,
+                "after": c.samples.after,
+                "before_tail": c.samples.before_tail,
+                "after_tail": c.samples.after_tail,
+            },
+            "p_fail": _num(c.p_fail),
+            "p_pass": _num(c.p_pass),
+            "message": c.message,
+        }
+        if c.needed_samples is not None:
+            item["needed_samples"] = c.needed_samples
+        checks.append(item)
+    v = result.verdict
+    return {
+        "result": result.result,
+        "summary": result.summary,
+        "before": {"label": result.before.label, "requests": result.before.requests},
+        "after": {"label": result.after.label, "requests": result.after.requests},
+        "confidence": result.confidence,
+        "correction": result.correction,
+        "min_effect_ms": result.min_effect_ms,
+        "checks": checks,
+        "verdict": None
+        if v is None
+        else {
+            "primary_stage": v.primary_stage,
+            "kind": v.kind,
+            "share": v.share,
+            "summary": v.summary,
+        },
+        "warnings": [{"code": w.code, "message": w.message} for w in result.warnings],
+    }
+
+
+def render_json(result: GateResult) -> str:
+    return to_json(as_dict(result))
+
+
+def _budget_cell(c: GateCheck) -> str:
+    return c.budget_text if c.kind != "absolute" else f"{c.op} {c.budget_text}"
+
+
+def _tail_cell(c: GateCheck) -> str:
+    if c.kind == "absolute":
+        return f"{c.samples.after_tail:,}"
+    return f"{c.samples.before_tail:,} / {c.samples.after_tail:,}"
+
+
+def _change_cell(c: GateCheck) -> str:
+    if c.reason in ("too_few_tail_samples", "zero_baseline"):
+        return "–"
+    return observed_text(c)
+
+
+def _rows(result: GateResult, icons: bool) -> list[list[str]]:
+    return [
+        [
+            c.name,
+            f"{ICONS[c.result]} {c.result}" if icons else c.result,
+            ms(c.before_ms),
+            ms(c.after_ms),
+            _change_cell(c),
+            _budget_cell(c),
+            _tail_cell(c),
+        ]
+        for c in result.checks
+    ]
+
+
+HEADERS = ("Check", "Result", "Before", "After", "Change (CI)", "Budget", "Tail samples")
+
+
+def render_table(result: GateResult) -> str:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"tracekit gate: {result.after.label} against {result.before.label}")
+    for h in HEADERS:
+        table.add_column(h, justify="right" if h in ("Before", "After") else "left")
+    for c, row in zip(result.checks, _rows(result, icons=False), strict=True):
+        # Text cells, not markup: a stage name or message may contain brackets.
+        cells = [Text(cell) for cell in row]
+        cells[1].stylize(_STYLES[c.result])
+        table.add_row(*cells)
+    parts: list[Any] = [table]
+    for c in result.checks:
+        if c.result != "pass":
+            parts.append(Text(f"{c.result}: {c.message}", style=_STYLES[c.result]))
+    if result.verdict is not None:
+        parts.append(Text(f"diff: {result.verdict.summary}"))
+    for w in result.warnings:
+        parts.append(Text(f"warning: {w.message}", style="yellow"))
+    parts.append(Text(result.summary, style=_STYLES[result.result]))
+    return rich_to_text(*parts)
+
+
+def render_markdown(result: GateResult) -> str:
+    n = len(result.checks)
+    lines = [
+        f"## {ICONS[result.result]} tracekit gate: {result.result}",
+        "",
+        f"**{result.after.label}** against **{result.before.label}**: "
+        f"{result.before.requests:,} vs {result.after.requests:,} requests, "
+        f"{result.confidence * 100:g}% confidence"
+        + (f", Holm-corrected across {n} budgets." if n > 1 else "."),
+        "",
+        markdown_table(HEADERS, _rows(result, icons=True)),
+        "",
+    ]
+    details = [c for c in result.checks if c.result != "pass"]
+    if details:
+        lines.extend(f"- {ICONS[c.result]} **{c.name}**: {c.message}" for c in details)
+        lines.append("")
+    if result.verdict is not None:
+        lines.extend([f"**Where the time went:** {result.verdict.summary}", ""])
+    for w in result.warnings:
+        lines.extend([f"> ⚠️ **{w.code}**: {w.message}", ""])
+    lines.append(result.summary)
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(result: GateResult) -> str:
+    """JUnit XML: ``<testsuites>`` holding one ``<testsuite name="tracekit gate">``."""
+    counts = {r: sum(c.result == r for c in result.checks) for r in ICONS}
+    attrs = {
+        "tests": str(len(result.checks)),
+        "failures": str(counts["fail"]),
+        "errors": "0",
+        "skipped": str(counts["inconclusive"]),
+        "time": "0",
+    }
+    root = ET.Element("testsuites", {"name": "tracekit", **attrs})
+    suite = ET.SubElement(root, "testsuite", {"name": "tracekit gate", **attrs})
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("before", result.before.label),
+        ("after", result.after.label),
+        ("confidence", f"{result.confidence:g}"),
+        ("correction", result.correction),
+        ("result", result.result),
+    ):
+        ET.SubElement(props, "property", {"name": name, "value": value})
+    for c in result.checks:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            {"classname": f"tracekit.gate.{c.metric}", "name": c.name, "time": "0"},
+        )
+        if c.result == "fail":
+            failure = ET.SubElement(
+                case, "failure", {"message": c.message, "type": "BudgetExceeded"}
+            )
+            failure.text = c.message
+        elif c.result == "inconclusive":
+            ET.SubElement(case, "skipped", {"message": f"inconclusive: {c.message}"})
+        else:
+            ET.SubElement(case, "system-out").text = c.message
+    out = ET.SubElement(suite, "system-out")
+    out.text = "\n".join([result.summary] + [f"warning: {w.message}" for w in result.warnings])
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+RENDERERS: dict[str, Callable[[GateResult], str]] = {
+    "table": render_table,
+    "json": render_json,
+    "markdown": render_markdown,
+}
