@@ -1,17 +1,89 @@
-"""`tracekit autoscale` (placeholder until its module lands; its owner replaces this file)."""
+"""`tracekit autoscale`: would the scaling rule have fired when the latency objective broke?"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import re
 from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.errors import ConfigError
+
+DESCRIPTION = """\
+Replay a scaling rule (Kubernetes HPA, KEDA ScaledObject, Ray Serve autoscaling_config,
+or --signal/--target) over the traced time line, window by window. Reports the windows
+that broke the latency objective while the rule would not have scaled up ("missed"),
+ranks in-flight, queue depth, request rate, latency, GPU and CPU by how well and how
+early they track the objective, and recommends one with a target and an HPA snippet.
+Without a rule, a Kubernetes HPA on CPU at 70% is assumed (and the output says so).
+
+Examples:
+  tracekit autoscale --slo "p95<200ms"                       # default rule: HPA, CPU 70%
+  tracekit autoscale --version v2 --hpa hpa.yaml --slo "p99<500ms" --window 1m
+  tracekit autoscale --signal inflight --target 5 --slo "p95<200ms" --format json
+"""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
+
+
+def parse_window(text: str) -> float:
+    """``30s``, ``30``, ``1m``, ``500ms`` → seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"--window {text!r}: expected a duration such as 30s or 1m")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
+    seconds = float(m.group(1)) * scale
+    if seconds <= 0:
+        raise ConfigError(f"--window {text!r}: must be positive")
+    return seconds
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("autoscale", help="(not available in this build)")
+    parser = add_command(
+        sub,
+        "autoscale",
+        help="does the scaling rule see the latency problem? which signal would?",
+        description=DESCRIPTION,
+    )
+    parser.add_argument("--version", dest="release", metavar="V", help="release to audit (default: the one traced last)")  # fmt: skip
+    parser.add_argument("--service", metavar="NAME", help="only requests entering this service")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--hpa", "--rule", dest="rule_file", metavar="FILE", help="HPA (autoscaling/v2), KEDA ScaledObject or Ray Serve config, YAML or JSON")  # fmt: skip
+    source.add_argument("--signal", help="scale on this signal instead: cpu, gpu, inflight, queue_depth, request_rate, latency")  # fmt: skip
+    parser.add_argument("--target", help="target for --signal: 0.7 or 70%% for utilisation, 200ms for latency, a number otherwise")  # fmt: skip
+    parser.add_argument("--min-replicas", type=int, default=1, help="for --signal")
+    parser.add_argument("--max-replicas", type=int, default=100, help="for --signal")
+    parser.add_argument(
+        "--slo", required=True, help='latency objective per window, e.g. "p95<200ms"'
+    )
+    parser.add_argument("--window", default="30s", help="window length (30s, 1m, …)")
+    add_format(parser)
+    add_db(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tracekit autoscale is not available in this build", file=sys.stderr)
-    return 2
+    from tracekit.analysis import scaling_rules as sr
+    from tracekit.analysis.autoscale import audit_autoscaling, parse_slo
+    from tracekit.analysis.store import open_store
+    from tracekit.render.autoscale import RENDERERS
+
+    if args.signal is not None and args.target is None:
+        raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
+    if args.target is not None and args.signal is None:
+        raise ConfigError("--target needs --signal (or give the rule with --hpa FILE)")
+    slo = parse_slo(args.slo)
+    window_s = parse_window(args.window)
+    if args.rule_file:
+        rule = sr.load_rule(args.rule_file)
+    elif args.signal:
+        target = sr.parse_target(args.signal, args.target)
+        rule = sr.rule_from_flags(args.signal, target, args.min_replicas, args.max_replicas)
+    else:
+        rule = sr.default_rule()
+    with open_store(args.db, read_only=True) as store:
+        result = audit_autoscaling(
+            store, release=args.release, rule=rule, slo=slo, window_s=window_s, service=args.service
+        )
+    emit(result, args.format, RENDERERS)
+    return 0
