@@ -1,0 +1,283 @@
+"""Ingest: trace files (OTLP JSON/JSONL, Jaeger JSON, gzip, directories) or a running
+Jaeger into the store's ``spans`` table.
+
+    report = ingest_paths(store, ["traces/"], version="v2")
+    report = ingest_jaeger(store, "http://localhost:16686", "ranker", since="1h")
+
+Formats are recognised from content (:mod:`.detect`). Big OTLP JSON-lines files are
+parsed inside DuckDB (:mod:`.fast`); everything else, and every line the fast path
+finds odd, by the Python decoders (:mod:`.otlp`, :mod:`.jaeger`). Both stage rows in
+one temporary table that :func:`.staging.finalize` moves into ``spans``. Problems are
+counted and located (:mod:`.problems`); ``strict`` stops at the first that drops data.
+Ingest does not rebuild ``requests``: the caller runs ``attribution.refresh``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tracekit.analysis.ingest import detect, fast, jaeger, otlp, staging
+from tracekit.analysis.ingest import problems as pk
+from tracekit.analysis.ingest.problems import IngestReport, Problem, ProblemLog
+from tracekit.analysis.ingest.rows import Origin
+from tracekit.analysis.store import Store
+from tracekit.errors import IngestError
+
+__all__ = ["IngestReport", "Problem", "ingest_jaeger", "ingest_paths"]
+
+
+def ingest_paths(
+    store: Store,
+    paths: Sequence[str | Path],
+    *,
+    version: str | None = None,
+    strict: bool = False,
+    progress: bool = False,
+) -> IngestReport:
+    """Read trace files and directories (recursively) into ``store``.
+
+    ``version`` labels spans whose resource has no ``service.version``. Raises
+    :class:`IngestError` for a path that does not exist, and with ``strict`` at the first
+    problem that would drop data (nothing is stored then).
+    """
+    started = time.perf_counter()
+    for raw in paths:
+        if not Path(raw).exists():
+            raise IngestError(str(raw), "no such file or directory")
+    files = list(detect.expand(list(paths)))
+    log = ProblemLog(strict=strict)
+    reader = _Reader(store, log)
+    report = IngestReport(files=len(files))
+    staging.create(store)
+    try:
+        with _progress(files, enabled=progress) as advance:
+            for file_no, item in enumerate(files):
+                reader.read_file(item, file_no)
+                advance(item)
+        reader.flush()
+        staging.finalize(
+            store,
+            log,
+            report,
+            version=version,
+            file_names={i: f.display for i, f in enumerate(files)},
+            file_spans=reader.file_spans,
+        )
+    finally:
+        staging.run(store, staging.sql("drop_stage"))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def ingest_jaeger(
+    store: Store,
+    url: str,
+    service: str,
+    *,
+    since: str = "1h",
+    limit: int = 100,
+    version: str | None = None,
+    strict: bool = False,
+) -> IngestReport:
+    """Pull ``service``'s recent traces from a running Jaeger (api_v3, else legacy API)."""
+    from tracekit.analysis import jaeger_api
+
+    started = time.perf_counter()
+    responses = jaeger_api.fetch_traces(url, service, since=since, limit=limit)
+    log = ProblemLog(strict=strict)
+    reader = _Reader(store, log)
+    report = IngestReport(files=len(responses))
+    staging.create(store)
+    try:
+        for file_no, response in enumerate(responses):
+            origin = Origin(response.source, file_no, log)
+            log.current_file = response.source
+            for line, doc in detect.iter_documents(response.text):
+                reader.dispatch(doc, origin, line, whole_file=None)
+        reader.flush()
+        staging.finalize(
+            store,
+            log,
+            report,
+            version=version,
+            file_names={i: r.source for i, r in enumerate(responses)},
+            file_spans=reader.file_spans,
+        )
+    except json.JSONDecodeError as exc:
+        raise IngestError(f"{url}", f"Jaeger answered with invalid JSON: {exc}") from exc
+    finally:
+        staging.run(store, staging.sql("drop_stage"))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class _Reader:
+    """Reads one input after another into the stage, buffering Python-decoded rows."""
+
+    def __init__(self, store: Store, log: ProblemLog) -> None:
+        self.store = store
+        self.log = log
+        self.rows: list[tuple[Any, ...]] = []
+        self.file_spans: dict[int, int] = {}
+
+    def read_file(self, item: detect.InputFile, file_no: int) -> None:
+        self.log.current_file = item.display
+        origin = Origin(item.display, file_no, self.log)
+        try:
+            sniffed = detect.sniff(item.path)
+        except OSError as exc:
+            self.log.add(
+                item.display, f"cannot read: {exc.strerror or exc}", pk.MALFORMED, skipped=1
+            )
+            return
+        if sniffed.layout == detect.EMPTY:
+            self.log.add(item.display, "empty file", pk.EMPTY_FILE)
+        elif sniffed.layout == detect.NOT_JSON:
+            self._unrecognized(
+                item, origin.at(sniffed.first_line), f"not JSON (starts with {sniffed.head!r})"
+            )
+        elif sniffed.layout == detect.LINES and otlp.is_otlp(sniffed.first_doc):
+            self._otlp_lines(item, origin, sniffed.gzip)
+        elif sniffed.layout == detect.LINES:
+            self._python_lines(item, origin, sniffed.gzip, None)
+        else:
+            self._document(item, origin, sniffed.gzip)
+
+    def _otlp_lines(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
+        self.flush()
+        try:
+            odd = fast.stage_lines(
+                self.store, str(item.path), gzip=gz, file_no=origin.file_no, display=item.display
+            )
+        except duckdb.Error:
+            # DuckDB cannot split this file into lines (bad UTF-8, stray control bytes):
+            # the Python reader copes with anything, a line at a time.
+            self._python_lines(item, origin, gz, None)
+            return
+        count = staging.run(self.store, staging.sql("count_file"), {"file_no": origin.file_no})
+        self.file_spans[origin.file_no] = int(count[0][0])
+        if odd:
+            self._python_lines(item, origin, gz, set(odd))
+
+    def _python_lines(
+        self, item: detect.InputFile, origin: Origin, gz: bool, wanted: set[int] | None
+    ) -> None:
+        for number, line in detect.iter_lines(item.path, gz, wanted):
+            try:
+                doc = json.loads(line.rstrip())
+            except json.JSONDecodeError as exc:
+                self.log.add(
+                    origin.at(number),
+                    f"invalid JSON ({exc.msg} at column {exc.colno}); line skipped",
+                    pk.MALFORMED,
+                    skipped=1,
+                )
+                continue
+            self.dispatch(doc, origin, number, whole_file=None)
+
+    def _document(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
+        with detect.open_text(item.path, gz) as fh:
+            text = fh.read()
+        decoded = 0
+        try:
+            for line, doc in detect.iter_documents(text):
+                decoded += 1
+                self.dispatch(doc, origin, line, whole_file=item)
+        except json.JSONDecodeError as exc:
+            if decoded == 0 and detect.looks_like_lines(text, _is_trace):
+                self._python_lines(item, origin, gz, None)
+                return
+            kept = f"; the {decoded} document(s) before it were kept" if decoded else ""
+            self.log.add(
+                origin.at(exc.lineno),
+                f"invalid JSON ({exc.msg} at column {exc.colno}); rest of the file skipped{kept}",
+                pk.MALFORMED,
+                skipped=1,
+            )
+
+    def dispatch(
+        self, doc: Any, origin: Origin, line: int, *, whole_file: detect.InputFile | None
+    ) -> None:
+        """Decode one parsed document; ``whole_file`` when it is the whole file's content."""
+        if otlp.is_otlp(doc):
+            rows = otlp.decode(doc, origin, line)
+        elif otlp.is_api_v3_error(doc):
+            self.log.add(
+                origin.at(line),
+                f"Jaeger api_v3 error: {doc['error'].get('message', doc['error'])}",
+                pk.SOURCE_ERROR,
+                skipped=1,
+            )
+            return
+        elif jaeger.is_jaeger(doc):
+            rows = jaeger.decode(doc, origin, line)
+        elif whole_file is not None:
+            self._unrecognized(whole_file, origin.at(line), f"not a trace document ({_shape(doc)})")
+            return
+        else:
+            self.log.add(
+                origin.at(line),
+                f"not a trace document ({_shape(doc)}); skipped",
+                pk.MALFORMED,
+                skipped=1,
+            )
+            return
+        n = 0
+        for row in rows:
+            self.rows.append(row)
+            n += 1
+            if len(self.rows) >= staging.BATCH_ROWS:
+                self.flush()
+        self.file_spans[origin.file_no] = self.file_spans.get(origin.file_no, 0) + n
+
+    def _unrecognized(self, item: detect.InputFile, where: str, reason: str) -> None:
+        # A stray file in a directory (a README, a manifest) is worth a warning; a file
+        # the user named that holds no traces means the command did not do what was asked.
+        self.log.add(where, f"{reason}; file skipped", pk.UNRECOGNIZED, skipped=int(item.explicit))
+
+    def flush(self) -> None:
+        staging.insert_rows(self.store, self.rows)
+        self.rows = []
+
+
+def _is_trace(doc: Any) -> bool:
+    return otlp.is_otlp(doc) or jaeger.is_jaeger(doc)
+
+
+def _shape(doc: Any) -> str:
+    if isinstance(doc, dict):
+        keys = ", ".join(list(doc)[:4])
+        return f"an object with keys {keys}" if keys else "an empty object"
+    return f"a JSON {type(doc).__name__}"
+
+
+@contextmanager
+def _progress(files: list[detect.InputFile], *, enabled: bool) -> Iterator[Any]:
+    """A transient rich progress bar over the input's bytes, on stderr."""
+    if not enabled:
+        yield lambda item: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    sizes = {f.path: f.path.stat().st_size for f in files}
+    columns = (
+        TextColumn("ingest {task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{len(files)} files", total=sum(sizes.values()) or 1)
+
+        def advance(item: detect.InputFile) -> None:
+            bar.update(task, advance=sizes[item.path])
+
+        yield advance

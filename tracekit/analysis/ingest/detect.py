@@ -1,0 +1,134 @@
+"""Which files to read and what is in them, decided from content, never from names.
+
+gzip is recognised by its magic bytes. A file whose first non-blank line is a whole
+JSON object is JSON lines (one document per line: the Collector's file exporter,
+tracekit's own exporter, api_v3 answers one per line); anything else starting with
+``{`` or ``[`` is one JSON document, or several concatenated (api_v3 streams). Each
+document is then recognised by its keys: OTLP, api_v3, or one of Jaeger's shapes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+EMPTY = "empty"
+LINES = "lines"
+DOCUMENT = "document"
+NOT_JSON = "not_json"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    display: str
+    explicit: bool
+    """Named on the command line (not found while walking a directory)."""
+
+
+@dataclass(frozen=True)
+class Sniffed:
+    layout: str
+    gzip: bool
+    first_doc: Any = None
+    """The first line's document, when the layout is ``lines``."""
+    first_line: int = 0
+    head: str = ""
+
+
+def expand(paths: list[str | Path]) -> Iterator[InputFile]:
+    """Files in the order given; directories recursively, sorted, hidden files skipped."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for child in sorted(path.rglob("*")):
+                rel = child.relative_to(path)
+                if child.is_file() and not any(part.startswith(".") for part in rel.parts):
+                    yield InputFile(child, str(child), explicit=False)
+        else:
+            yield InputFile(path, str(raw), explicit=True)
+
+
+def is_gzip(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
+def open_text(path: Path, gz: bool) -> IO[str]:
+    """Text in UTF-8 (a BOM dropped); bytes that are not UTF-8 become U+FFFD, not a crash."""
+    if gz:
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
+    return path.open(encoding="utf-8-sig", errors="replace")
+
+
+def sniff(path: Path) -> Sniffed:
+    gz = is_gzip(path)
+    with open_text(path, gz) as fh:
+        number = 0
+        for line in fh:
+            number += 1
+            text = line.strip()
+            if not text:
+                continue
+            if text[0] not in "{[":
+                return Sniffed(NOT_JSON, gz, first_line=number, head=text[:40])
+            if text[0] == "{":
+                try:
+                    doc = json.loads(text)
+                except json.JSONDecodeError:
+                    return Sniffed(DOCUMENT, gz)
+                return Sniffed(LINES, gz, first_doc=doc, first_line=number)
+            return Sniffed(DOCUMENT, gz)
+    return Sniffed(EMPTY, gz)
+
+
+def iter_lines(path: Path, gz: bool, wanted: set[int] | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines, only ``wanted`` ones when given."""
+    with open_text(path, gz) as fh:
+        for number, line in enumerate(fh, start=1):
+            if wanted is not None and number not in wanted:
+                continue
+            if line.strip():
+                yield number, line
+
+
+def iter_documents(text: str) -> Iterator[tuple[int, Any]]:
+    """(starting line, document) for each JSON value in ``text``, concatenated or not.
+
+    Raises :class:`json.JSONDecodeError` at the first value that does not parse; the
+    ones before it have been yielded.
+    """
+    decoder = json.JSONDecoder()
+    pos = 0
+    line = 1
+    end = len(text)
+    while True:
+        while pos < end and text[pos] in " \t\r\n":
+            if text[pos] == "\n":
+                line += 1
+            pos += 1
+        if pos >= end:
+            return
+        doc, next_pos = decoder.raw_decode(text, pos)
+        yield line, doc
+        line += text.count("\n", pos, next_pos)
+        pos = next_pos
+
+
+def looks_like_lines(text: str, is_trace: Callable[[Any], bool]) -> bool:
+    """A document that failed to parse may be JSON lines with a bad first line."""
+    good = 0
+    for line in text.splitlines()[:200]:
+        stripped = line.strip()
+        if stripped.startswith("{") and stripped.endswith("}"):
+            try:
+                good += bool(is_trace(json.loads(stripped)))
+            except json.JSONDecodeError:
+                continue
+    return good > 0

@@ -1,0 +1,130 @@
+"""What an ingest found wrong with its input, and the report it hands back.
+
+Every oddity is counted by kind. Some kinds drop data (a malformed line, a span without
+ids): they add to :attr:`IngestReport.skipped`, make ``tracekit ingest`` exit 2, and
+stop a ``strict`` ingest at once. The rest (orphans, clock skew, duplicates, …) are
+warnings: the data is kept as it came and the analysis copes with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracekit.errors import IngestError
+
+# --- kinds that drop data ------------------------------------------------------------
+MALFORMED = "malformed"
+"""A line, document, trace or span that is not valid JSON or lacks a required field."""
+UNRECOGNIZED = "unrecognized"
+"""A file that is no trace format tracekit reads (skipped; a warning inside directories)."""
+SOURCE_ERROR = "source_error"
+"""The source said it failed (a Jaeger ``errors`` list, an api_v3 ``error`` object)."""
+
+# --- warnings: data kept ----------------------------------------------------------
+EMPTY_FILE = "empty_file"
+"""A file with no content, or only whitespace."""
+ORPHAN = "orphan"
+"""A span whose parent is in neither the input nor the store (a remote or lost parent)."""
+DUPLICATE = "duplicate"
+"""The same (trace_id, span_id) twice in the input; the first is kept."""
+SKEW = "skew"
+"""A child that starts before or ends after its parent (clock skew between hosts)."""
+NEGATIVE_DURATION = "negative_duration"
+"""End before start; stored with end = start."""
+NO_TIMESTAMPS = "no_timestamps"
+"""A span without start and/or end time; stored with NULL times, never invented ones."""
+NON_HEX_ID = "non_hex_id"
+"""An id that is not hex (``trace-123``, base64); mapped deterministically to hex."""
+HUGE_ATTRIBUTE = "huge_attribute"
+"""A string attribute longer than the limit; stored truncated."""
+
+SKIPPING_KINDS = frozenset({MALFORMED, SOURCE_ERROR})
+"""Kinds whose problems always drop data (``unrecognized`` does when the file was named)."""
+
+MAX_LISTED = 1000
+"""Problems kept per kind in :attr:`IngestReport.problems`; all are counted."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input, located as ``file:line``."""
+
+    where: str
+    reason: str
+    kind: str
+    skipped: int = 0
+    """How many lines, traces, spans or files this problem dropped (0 for a warning)."""
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+@dataclass
+class IngestReport:
+    """What one ingest read, stored and found wrong."""
+
+    files: int = 0
+    spans_read: int = 0
+    spans_stored: int = 0
+    """Spans new to the store (re-ingesting a file stores 0)."""
+    traces: int = 0
+    """Distinct trace ids the input touched."""
+    releases: list[str] = field(default_factory=list)
+    """``service.version`` labels of the root spans of the touched traces."""
+    problems: list[Problem] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    """Problems by kind (every one, including those not listed)."""
+    skipped: int = 0
+    """Lines, traces, spans or files dropped; non-zero makes ``tracekit ingest`` exit 2."""
+    trace_ids: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def skipping_problems(self) -> list[Problem]:
+        return [p for p in self.problems if p.skipped]
+
+    def summary_line(self) -> str:
+        """``ingested 3 files: 1,234 spans (1,200 new) in 150 traces; releases v1, v2; problems: …``"""
+        releases = ", ".join(self.releases) if self.releases else "none labelled"
+        problems = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items())) or "none"
+        files = "file" if self.files == 1 else "files"
+        text = (
+            f"ingested {self.files} {files}: {self.spans_read:,} spans "
+            f"({self.spans_stored:,} new) in {self.traces:,} traces; "
+            f"releases: {releases}; problems: {problems}"
+        )
+        if self.skipped:
+            text += f"; skipped {self.skipped:,}"
+        return text
+
+
+class ProblemLog:
+    """Collects problems while an ingest runs; raises at the first skip when strict."""
+
+    def __init__(self, *, strict: bool) -> None:
+        self.strict = strict
+        self.problems: list[Problem] = []
+        self.counts: dict[str, int] = {}
+        self.skipped = 0
+        self.current_file = ""
+        """Display path of the file being read; problems are tallied per file for ``ingest_log``."""
+        self.by_file: dict[str, int] = {}
+        self._seen: set[tuple[str, str, str]] = set()
+
+    def add(self, where: str, reason: str, kind: str, *, skipped: int = 0, n: int = 1) -> None:
+        """Record ``n`` problems of ``kind`` (one listed); ``skipped`` items were dropped."""
+        if skipped and self.strict:
+            raise IngestError(where, reason)
+        self.counts[kind] = self.counts.get(kind, 0) + n
+        self.skipped += skipped
+        self.by_file[self.current_file] = self.by_file.get(self.current_file, 0) + n
+        if self.counts[kind] - n < MAX_LISTED:
+            self.problems.append(Problem(where, reason, kind, skipped))
+
+    def first_time(self, kind: str, key: str) -> bool:
+        """True the first time ``key`` shows up for ``kind`` in the current file."""
+        token = (self.current_file, kind, key)
+        if token in self._seen:
+            return False
+        self._seen.add(token)
+        return True
