@@ -11,7 +11,13 @@ FORMATS = ("table", "json", "markdown")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the examples in a command's description as written, shows defaults."""
+    """Keeps the examples in a command's description as written, shows real defaults."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # "(default: None)" / "(default: False)" tells a newcomer nothing.
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_command(
