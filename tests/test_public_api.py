@@ -22,6 +22,7 @@ EXPECTED = [
 
 def test_all_is_pinned_and_sorted() -> None:
     assert tracekit.__all__ == EXPECTED
+    assert sorted(tracekit._EXPORTS) == EXPECTED
 
 
 def test_every_public_name_resolves() -> None:

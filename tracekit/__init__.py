@@ -30,7 +30,17 @@ _EXPORTS: dict[str, str] = {
     "stage": "tracekit.instrumentation.stages",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchRecorder",
+    "DynamicBatcher",
+    "configure",
+    "instrument_fastapi",
+    "instrument_httpx",
+    "instrument_model",
+    "model_execution",
+    "shutdown",
+    "stage",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracekit.instrumentation.batching import BatchRecorder, DynamicBatcher

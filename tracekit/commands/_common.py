@@ -20,9 +20,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
-def add_command(
-    sub: Any, name: str, *, help: str, description: str
-) -> argparse.ArgumentParser:
+def add_command(sub: Any, name: str, *, help: str, description: str) -> argparse.ArgumentParser:
     """A subparser whose description (with its example) is printed as written."""
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=description, formatter_class=HelpFormatter
