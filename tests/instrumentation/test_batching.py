@@ -191,3 +191,21 @@ def test_bad_batcher_arguments():
         tracekit.DynamicBatcher(lambda xs: xs, max_batch_size=0)
     with pytest.raises(ConfigError):
         tracekit.DynamicBatcher(lambda xs: xs, workers=0)
+
+
+def test_sync_run_batch_cpu_time_reaches_every_member_model_execute_span(spans):
+    def run_batch(xs: list[int]) -> list[int]:
+        t_end = time.thread_time_ns() + 3_000_000  # burn ~3 ms of this thread's CPU
+        while time.thread_time_ns() < t_end:
+            pass
+        time.sleep(0.01)  # blocked time is wall time, not CPU time
+        return list(xs)
+
+    batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=4, max_wait_ms=5.0)
+    assert _submit_all(batcher, range(4)) == [0, 1, 2, 3]
+    members = spans.named(c.MODEL_EXECUTE)
+    assert len(members) == 4
+    for m in members:
+        cpu = m.attributes[c.CPU_TIME_NS]
+        assert cpu >= 3_000_000
+        assert cpu < m.end_time - m.start_time  # the 10 ms sleep is not CPU

@@ -130,14 +130,22 @@ class Batch:
         *,
         gpu_time_ns: int | None = None,
         gpu_sync: str | None = None,
+        cpu_time_ns: int | None = None,
     ) -> None:
-        """End the batch span and every member's ``model_execute`` span (once)."""
+        """End the batch span and every member's ``model_execute`` span (once).
+
+        ``cpu_time_ns`` is the CPU time of the thread that ran the batch, when one thread
+        ran all of it: every member is charged the batch's execution, so every member's
+        span carries it, which is what lets the analyzer tell hidden wait from compute.
+        """
         if self._done:
             return
         self._done = True
         try:
             end = self._recorder.clock()
             extra: dict[str, Any] = {}
+            if cpu_time_ns is not None:
+                extra[c.CPU_TIME_NS] = cpu_time_ns
             if gpu_time_ns is not None:
                 extra[c.GPU_TIME_NS] = gpu_time_ns
             if gpu_sync is not None:
@@ -348,6 +356,7 @@ class DynamicBatcher(Generic[T, R]):
         error: BaseException | None = None
         results: list[R] = []
         sink: list[tuple[int, str]] = []
+        cpu_box: list[int] = []
         try:
             batch = self.recorder.start([m.ticket for m in members], closed_at_ns=closed_ns)
         except Exception as exc:
@@ -366,8 +375,18 @@ class DynamicBatcher(Generic[T, R]):
                     )
                 run = contextvars.copy_context().run
                 fn: Any = self.run_batch
+
+                def timed(batch_items: list[T]) -> Any:
+                    # One worker thread runs the whole batch, so its thread CPU time is
+                    # the batch's compute (minus time it spent blocked or descheduled).
+                    t0 = time.thread_time_ns()
+                    try:
+                        return fn(batch_items)
+                    finally:
+                        cpu_box.append(time.thread_time_ns() - t0)
+
                 results = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, run, fn, items
+                    self._executor, run, timed, items
                 )
             if len(results) != len(members):
                 raise ConfigError(
@@ -383,7 +402,12 @@ class DynamicBatcher(Generic[T, R]):
             slots.release()
         if batch is not None:
             gpu = sum(ns for ns, _ in sink) if sink else None
-            batch.finish(error, gpu_time_ns=gpu, gpu_sync=sink[-1][1] if sink else None)
+            batch.finish(
+                error,
+                gpu_time_ns=gpu,
+                gpu_sync=sink[-1][1] if sink else None,
+                cpu_time_ns=cpu_box[0] if cpu_box else None,
+            )
         # results go out after the spans end, so model_execute ends before the caller resumes
         for i, m in enumerate(members):
             if m.future.done():
