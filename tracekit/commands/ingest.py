@@ -89,22 +89,14 @@ def run(args: argparse.Namespace) -> int:
     if len(warnings) > 5:
         print("warning: … more; every problem is counted in the summary line", file=sys.stderr)
     line = report.summary_line() + f" ({report.seconds:.2f} s)"
-    if requests is not None:
-        line += f"; {requests:,} requests attributed"
+    line += f"; {requests:,} requests attributed"
     print(line)
     print(f"store: {args.db}")
     return 2 if report.skipped else 0
 
 
-def _refresh(store: Any, trace_ids: list[str]) -> int | None:
-    """Rebuild ``requests`` for the touched traces; None when attribution is not built in."""
-    try:
-        from tracekit.analysis import attribution
-    except ImportError:
-        print(
-            "note: attribution is not available in this build; spans stored only", file=sys.stderr
-        )
-        return None
-    result = attribution.refresh(store, trace_ids)
-    count = getattr(result, "requests", None)
-    return int(count) if isinstance(count, int) else None
+def _refresh(store: Any, trace_ids: list[str]) -> int:
+    """Rebuild ``requests`` and ``request_stages`` for the touched traces."""
+    from tracekit.analysis import attribution
+
+    return int(attribution.refresh(store, trace_ids).requests)
