@@ -1,0 +1,105 @@
+"""Whatever happens, the demo leaves no process behind; failures say what went wrong."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from tracekit import cli
+from tracekit.demo import processes
+from tracekit.demo.processes import ServiceProcess, child_environment
+from tracekit.demo.runner import run_release
+from tracekit.demo.settings import ENV_TRACE_FILE
+from tracekit.errors import TracekitError
+
+from .conftest import assert_all_gone
+
+
+@pytest.fixture
+def started_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every pid a ServiceProcess launches during the test."""
+    pids: list[int] = []
+    original = ServiceProcess.start
+
+    def start(self: ServiceProcess, *args: object, **kwargs: object) -> None:
+        try:
+            original(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            if self.pid is not None:
+                pids.append(self.pid)
+
+    monkeypatch.setattr(ServiceProcess, "start", start)
+    return pids
+
+
+def test_ctrl_c_during_the_load_stops_both_services(
+    tmp_path: Path, started_pids: list[int]
+) -> None:
+    def interrupt(pids: list[int]) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_release(tmp_path, "v1", "", rate=10, duration_s=5, on_started=interrupt)
+    assert len(started_pids) == 2
+    assert_all_gone(started_pids)
+
+
+def test_a_service_that_cannot_start_is_reported_with_its_log(
+    tmp_path: Path, started_pids: list[int]
+) -> None:
+    # No trace output configured: the service refuses to start, and says why.
+    proc = ServiceProcess("pricing test", "tracekit.demo.downstream", tmp_path / "p.log")
+    with pytest.raises(TracekitError, match="exited with status") as info:
+        proc.start(child_environment({ENV_TRACE_FILE: ""}), timeout_s=60)
+    assert "no trace output" in str(info.value)
+    assert_all_gone(started_pids)
+
+
+def test_a_silent_service_times_out_and_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started_pids: list[int]
+) -> None:
+    # A marker that never comes: the starter gives up, kills it and says so.
+    monkeypatch.setattr(processes, "READY_MARKER", "NEVER_PRINTED")
+    proc = ServiceProcess("pricing test", "tracekit.demo.downstream", tmp_path / "p.log")
+    env = child_environment({ENV_TRACE_FILE: str(tmp_path / "p.jsonl")})
+    with pytest.raises(TracekitError, match="did not become ready"):
+        proc.start(env, timeout_s=6)
+    assert_all_gone(started_pids)
+
+
+@pytest.mark.slow
+def test_tracekit_demo_runs_end_to_end_and_cleans_up(
+    tmp_path: Path, started_pids: list[int]
+) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(
+            [
+                "demo",
+                "--regression",
+                "batch",
+                "--duration",
+                "4",
+                "--rate",
+                "30",
+                "--keep",
+                str(tmp_path),
+            ]
+        )
+    assert code == 0, out.getvalue()
+    assert len(started_pids) == 4
+    assert_all_gone(started_pids)
+    text = out.getvalue()
+    assert "tracekit diff found" in text
+    kept = {p.name for p in tmp_path.iterdir()}
+    assert {"ranker-v1.jsonl", "pricing-v2.jsonl", "tracekit.duckdb"} <= kept
+
+
+def test_demo_flags_are_checked_before_anything_starts(started_pids: list[int]) -> None:
+    assert cli.main(["demo", "--duration", "0"]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--regression", "gpu"])
+    assert started_pids == []

@@ -1,0 +1,128 @@
+"""The demo's parts behave as their docstrings say: cache, knobs, settings, model."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.demo import settings as st
+from tracekit.demo.features import CACHE_CAPACITY, HOT_USERS, FeatureStore, LRUCache
+from tracekit.demo.regressions import BASELINE, REGRESSIONS, get_regression, knobs_for
+from tracekit.errors import ConfigError
+
+
+def test_lru_evicts_the_least_recently_used() -> None:
+    cache = LRUCache(2)
+    a, b, c = (np.full(2, v, dtype=np.float32) for v in (1, 2, 3))
+    cache.put(1, a)
+    cache.put(2, b)
+    assert cache.get(1) is a  # 1 is now the most recent
+    cache.put(3, c)
+    assert 2 not in cache and 1 in cache and 3 in cache
+
+
+def test_feature_store_hits_after_warm_up_and_misses_go_to_the_table() -> None:
+    store = FeatureStore(seed=0)
+    try:
+        assert store.warm() == HOT_USERS
+        vec, hit = asyncio.run(store.get(7))
+        assert hit and vec.shape == (32,)
+        cold = HOT_USERS + 1000
+        assert not store.is_cached(cold)
+        vec2, hit2 = asyncio.run(store.get(cold))
+        assert not hit2 and store.misses == 1
+        assert store.is_cached(cold)  # a miss fills the cache
+        assert len(store.cache) <= CACHE_CAPACITY
+    finally:
+        store.close()
+
+
+def test_disabled_cache_misses_every_time_and_data_matches() -> None:
+    warm, cold = FeatureStore(seed=0), FeatureStore(cache_enabled=False, seed=0)
+    try:
+        warm.warm()
+        assert cold.warm() == 0
+        for _ in range(2):
+            vec, hit = asyncio.run(cold.get(5))
+            assert not hit
+        assert cold.misses == 2 and cold.hits == 0
+        np.testing.assert_array_equal(vec, asyncio.run(warm.get(5))[0])
+    finally:
+        warm.close()
+        cold.close()
+
+
+def test_each_regression_changes_its_own_knobs_only() -> None:
+    assert knobs_for("") == BASELINE == knobs_for("none")
+    assert get_regression("batch").knobs.batch_max_wait_ms > BASELINE.batch_max_wait_ms
+    assert not get_regression("cache").knobs.cache_enabled
+    assert get_regression("contention").knobs.contention_threads >= 1
+    assert get_regression("downstream").knobs.downstream_slow_fraction > 0
+    assert get_regression("model").knobs.model_hidden > BASELINE.model_hidden
+    assert REGRESSIONS["contention"].expected_kind == cv.HIDDEN_WAIT
+    with pytest.raises(ConfigError, match="choose one of"):
+        get_regression("gpu")
+
+
+def test_flags_win_over_environment_and_defaults_fill_the_rest() -> None:
+    parser = st.build_parser("svc", "test", downstream=True)
+    env = {st.ENV_VERSION: "v9", st.ENV_PORT: "1234", st.ENV_REGRESSION: "cache"}
+    s = st.parse_settings(parser, ["--version", "v2"], env)
+    assert (s.version, s.port, s.regression, s.host) == ("v2", 1234, "cache", "127.0.0.1")
+    assert not s.knobs.cache_enabled
+    with pytest.raises(ConfigError, match="not an integer"):
+        st.parse_settings(parser, [], {st.ENV_PORT: "eighty"})
+    with pytest.raises(ConfigError, match="unknown regression"):
+        st.parse_settings(parser, ["--regression", "nope"], {})
+
+
+def test_a_busy_port_is_a_clear_error() -> None:
+    taken = st.bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot bind 127.0.0.1:{port}"):
+            # SO_REUSEADDR does not allow two listeners on one port
+            st.bind("127.0.0.1", port)
+    finally:
+        taken.close()
+    assert isinstance(taken, socket.socket)
+
+
+def test_model_and_preprocess_shapes() -> None:
+    import torch
+
+    from tracekit.demo import model as m
+
+    items = m.item_table(0)
+    enc = m.FeatureEncoder(seed=0)
+    stats = m.FeatureStats(m.sample_inputs(items, 0))
+    x = m.preprocess(np.ones(32, dtype=np.float32), list(range(10)), items, enc, stats)
+    assert x.shape == (m.CANDIDATES, m.INPUT_DIM)
+    ranker = m.Ranker(hidden=16, layers=1, seed=0)
+    rows = m.score_batch(ranker, [x, x])
+    assert len(rows) == 2 and torch.equal(rows[0], rows[1])
+    top = m.postprocess(list(range(m.CANDIDATES)), rows[0], [1.0] * m.CANDIDATES)
+    assert len(top) == m.TOP_K and len(set(top)) == m.TOP_K
+
+
+def test_a_stats_refresh_holds_the_lock_that_preprocess_needs() -> None:
+    import threading
+    import time
+
+    from tracekit.demo import model as m
+
+    items = m.item_table(0)
+    stats = m.FeatureStats(m.sample_inputs(items, 0))
+    refresher = threading.Thread(target=stats.refresh, args=(0.15,))
+    refresher.start()
+    time.sleep(0.02)
+    started = time.perf_counter()
+    cpu = time.thread_time()
+    stats.snapshot()  # blocks until the refresh lets go
+    waited, used = time.perf_counter() - started, time.thread_time() - cpu
+    refresher.join()
+    assert waited > 0.08 and used < waited / 4  # wall time, not CPU time: hidden wait

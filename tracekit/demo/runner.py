@@ -1,0 +1,370 @@
+"""``tracekit demo`` end to end: run v1, run v2 with a regression, let tracekit find it.
+
+For each release the runner starts the pricing service and then the ranker as
+subprocesses on loopback (ports from the OS), drives the ranker with the open-loop load
+generator, and stops both, which flushes their OTLP JSON-lines trace files. Then it
+ingests the files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
+``gate`` and ``autoscale`` say, by calling the CLI in-process, so the demo exercises
+exactly the commands a user types. Every process it started is stopped on the way out,
+on success, error or Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tracekit.demo import downstream, service
+from tracekit.demo import settings as env
+from tracekit.demo.loadgen import LoadResult, run_load
+from tracekit.demo.processes import ServiceProcess, child_environment
+from tracekit.demo.regressions import DEFAULT_REGRESSION, Regression, get_regression
+from tracekit.errors import TracekitError
+
+DEFAULT_DURATION_S = env.DEFAULT_DURATION_S
+DEFAULT_RATE = env.DEFAULT_RATE
+BEFORE, AFTER = "v1", "v2"
+DB_NAME = "tracekit.duckdb"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``tracekit demo`` was asked to do."""
+
+    regression: str = DEFAULT_REGRESSION
+    duration_s: float = DEFAULT_DURATION_S
+    rate: float = DEFAULT_RATE
+    otlp_endpoint: str = ""
+    keep: Path | None = None
+    seed: int = 0
+
+
+@dataclass
+class ReleaseRun:
+    """One release served under load: its trace files and what the client measured."""
+
+    label: str
+    regression: str
+    trace_files: list[Path]
+    load: LoadResult
+    pids: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _release_env(
+    label: str, regression: str, seed: int, trace_file: Path, otlp_endpoint: str
+) -> dict[str, str]:
+    values = {
+        env.ENV_HOST: "127.0.0.1",
+        env.ENV_PORT: "0",
+        env.ENV_VERSION: label,
+        env.ENV_REGRESSION: regression,
+        env.ENV_SEED: str(seed),
+        env.ENV_TRACE_FILE: str(trace_file),
+    }
+    if otlp_endpoint:
+        values[env.ENV_OTLP_ENDPOINT] = otlp_endpoint
+    return values
+
+
+def _remove_stale(*paths: Path) -> None:
+    # A kept directory from an earlier run: the file exporter appends, and a stale v2
+    # would mix with this one under the same label.
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def run_release(
+    workdir: Path,
+    label: str,
+    regression: str,
+    *,
+    rate: float,
+    duration_s: float,
+    seed: int = 0,
+    otlp_endpoint: str = "",
+    console: Console | None = None,
+    on_started: Callable[[list[int]], None] | None = None,
+) -> ReleaseRun:
+    """Start pricing and ranker for ``label``, drive them, stop them; returns the traces."""
+    console = console or stderr_console()
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    pricing_file = workdir / f"{downstream.SERVICE_NAME}-{label}.jsonl"
+    ranker_file = workdir / f"{service.SERVICE_NAME}-{label}.jsonl"
+    _remove_stale(pricing_file, ranker_file)
+    pricing = ServiceProcess(
+        f"{downstream.SERVICE_NAME} {label}",
+        "tracekit.demo.downstream",
+        workdir / f"{downstream.SERVICE_NAME}-{label}.log",
+    )
+    ranker = ServiceProcess(
+        f"{service.SERVICE_NAME} {label}",
+        "tracekit.demo.service",
+        workdir / f"{service.SERVICE_NAME}-{label}.log",
+    )
+    try:
+        with console.status(f"[bold]{label}[/]: starting {pricing.name} and {ranker.name}…"):
+            pricing.start(
+                child_environment(
+                    _release_env(label, regression, seed, pricing_file, otlp_endpoint)
+                )
+            )
+            ranker_env = _release_env(label, regression, seed, ranker_file, otlp_endpoint)
+            ranker_env[env.ENV_DOWNSTREAM_URL] = pricing.url
+            ranker.start(child_environment(ranker_env))
+        pids = [p for p in (pricing.pid, ranker.pid) if p is not None]
+        console.print(
+            f"[bold]{label}[/]: {ranker.name} on {ranker.url} → {pricing.name} on {pricing.url}"
+            f"  [dim](regression: {regression or 'none'})[/]"
+        )
+        if on_started is not None:
+            on_started(pids)
+        load = _drive(ranker.url + service.PREDICT_PATH, label, rate, duration_s, seed, console)
+    finally:
+        # Ranker first: its last downstream calls finish before pricing goes away.
+        ranker.stop()
+        pricing.stop()
+    if load.completed == 0:
+        raise TracekitError(
+            f"{label}: no request succeeded ({load.errors}); end of {ranker.log_path}:\n"
+            f"{ranker.log_tail()}"
+        )
+    missing = [p for p in (ranker_file, pricing_file) if not p.exists() or p.stat().st_size == 0]
+    if missing:
+        raise TracekitError(
+            f"{label}: no spans were written to {', '.join(map(str, missing))}; "
+            f"end of {ranker.log_path}:\n{ranker.log_tail()}"
+        )
+    summary = load.summary()
+    console.print(
+        f"[bold]{label}[/]: {load.completed}/{load.scheduled} requests ok, "
+        f"client p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms"
+        + (f", [red]{load.failed} failed {load.errors}[/]" if load.failed else "")
+    )
+    return ReleaseRun(
+        label=label,
+        regression=regression,
+        trace_files=[ranker_file, pricing_file],
+        load=load,
+        pids=pids,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _drive(
+    url: str, label: str, rate: float, duration_s: float, seed: int, console: Console
+) -> LoadResult:
+    columns = (
+        TextColumn(f"[bold]{label}[/]: load {rate:g}/s for {duration_s:g} s"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("load", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return asyncio.run(
+            run_load(url, rate=rate, duration_s=duration_s, seed=seed, on_progress=advance)
+        )
+
+
+# --- analysis: the CLI, in-process ------------------------------------------------
+
+
+def tracekit_cli(argv: Sequence[str]) -> int:
+    """Run one ``tracekit`` command in this process; its output goes to stdout."""
+    from tracekit import cli
+
+    sys.stdout.flush()
+    code = cli.main(list(argv))
+    sys.stdout.flush()
+    return code
+
+
+def tracekit_json(argv: Sequence[str]) -> tuple[int, Any]:
+    """Run a command with ``--format json`` and parse what it printed (None if not JSON)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = tracekit_cli([*argv, "--format", "json"])
+    try:
+        return code, json.loads(buffer.getvalue())
+    except json.JSONDecodeError:
+        return code, None
+
+
+def diff_verdict(db: Path, before: str = BEFORE, after: str = AFTER) -> dict[str, Any]:
+    """``verdict`` of ``tracekit diff --format json``; raises if diff gave none."""
+    code, data = tracekit_json(["diff", "--before", before, "--after", after, "--db", str(db)])
+    if code != 0 or not isinstance(data, dict) or "verdict" not in data:
+        raise TracekitError(f"tracekit diff exited {code} without a verdict")
+    verdict: dict[str, Any] = data["verdict"]
+    return verdict
+
+
+def ingest(db: Path, files: Sequence[Path]) -> int:
+    return tracekit_cli(["ingest", *map(str, files), "--db", str(db)])
+
+
+def slo_for(baseline: LoadResult) -> int:
+    """An SLO for the autoscale audit: v1's client p95 with 10% headroom, in 5 ms steps.
+
+    v1 meets it by construction; whether v2 does is what the audit looks at.
+    """
+    p95 = baseline.quantile(0.95)
+    if math.isnan(p95):
+        return 100
+    return max(10, int(math.ceil(p95 * 1.1 / 5.0)) * 5)
+
+
+def window_for(duration_s: float) -> str:
+    """Autoscale windows short enough that one release's run spans several of them."""
+    return f"{max(1, round(duration_s / 6))}s"
+
+
+def _heading(text: str) -> None:
+    Console(file=sys.stdout, highlight=False).rule(f"[bold]{text}[/]")
+    sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the demo like Ctrl-C does: through the clean-up path."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _workdir(keep: Path | None) -> tuple[Path, bool]:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return keep, False
+    return Path(tempfile.mkdtemp(prefix="tracekit-demo-")), True
+
+
+def run_demo(options: DemoOptions) -> int:
+    """The whole demo; returns 0 when every step ran (whatever the gate decided)."""
+    regression: Regression = get_regression(options.regression)
+    console = stderr_console()
+    workdir, temporary = _workdir(options.keep)
+    db = workdir / DB_NAME
+    began = time.monotonic()
+    try:
+        with _terminate_as_interrupt():
+            db.unlink(missing_ok=True)
+            console.print(
+                f"[bold]tracekit demo[/]: v1 = baseline, v2 = [bold]{regression.name}[/] "
+                f"({regression.description})"
+            )
+            runs = [
+                run_release(
+                    workdir,
+                    label,
+                    name,
+                    rate=options.rate,
+                    duration_s=options.duration_s,
+                    seed=options.seed,
+                    otlp_endpoint=options.otlp_endpoint,
+                    console=console,
+                )
+                for label, name in ((BEFORE, ""), (AFTER, regression.name))
+            ]
+            analysed = time.monotonic()
+            report(db, runs, regression, console, options.duration_s)
+            console.print(
+                f"[dim]run time {time.monotonic() - began:.0f} s: "
+                + ", ".join(f"{r.label} {r.seconds:.0f} s" for r in runs)
+                + f", analysis {time.monotonic() - analysed:.0f} s; "
+                + (f"files kept in {workdir}" if not temporary else "temporary files removed")
+                + "[/]"
+            )
+        return 0
+    finally:
+        if temporary:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(
+    db: Path,
+    runs: Sequence[ReleaseRun],
+    regression: Regression,
+    console: Console,
+    duration_s: float,
+) -> None:
+    """Ingest both releases and print summary, diff, gate and autoscale, then the check."""
+    files = [f for run in runs for f in run.trace_files]
+    with console.status("ingesting traces…"):
+        code = ingest(db, files)
+    if code != 0:
+        console.print(f"[yellow]tracekit ingest exited {code}; analysing what it stored[/]")
+    _heading(f"tracekit summary --version {AFTER}")
+    tracekit_cli(["summary", "--version", AFTER, "--db", str(db)])
+    _heading(f"tracekit diff --before {BEFORE} --after {AFTER}")
+    tracekit_cli(["diff", "--before", BEFORE, "--after", AFTER, "--db", str(db)])
+    _heading(f"tracekit gate --before {BEFORE} --after {AFTER}")
+    gate_code = tracekit_cli(["gate", "--before", BEFORE, "--after", AFTER, "--db", str(db)])
+    gate_word = {0: "pass", 1: "fail", 3: "inconclusive"}.get(gate_code, f"error ({gate_code})")
+    slo = slo_for(runs[0].load)
+    _heading(
+        f'tracekit autoscale --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
+    )
+    tracekit_cli(autoscale_argv(db, AFTER, slo, window_for(duration_s)))
+    _heading("result")
+    verdict = diff_verdict(db)
+    stage, kind = verdict.get("primary_stage"), verdict.get("kind")
+    found = kind if kind == "none" else f"{stage} ({kind})"
+    expected = (
+        "none"
+        if not regression.expected_stages
+        else f"{' or '.join(regression.expected_stages)} ({regression.expected_kind})"
+    )
+    matched = kind == regression.expected_kind and (
+        not regression.expected_stages or stage in regression.expected_stages
+    )
+    out = Console(file=sys.stdout, highlight=False)
+    out.print(f"injected in v2: [bold]{regression.name}[/] — {regression.description}")
+    out.print(f"expected: {expected}")
+    out.print(
+        f"tracekit diff found: [bold]{found}[/] {'[green]✓[/]' if matched else '[red]✗[/]'}"
+        f"   gate: [bold]{gate_word}[/]"
+    )
+    sys.stdout.flush()
+
+
+def autoscale_argv(db: Path, version: str, slo_ms: int, window: str) -> list[str]:
+    """``tracekit autoscale`` for the demo's short run: windows of a few seconds."""
+    slo = f"p95<{slo_ms}ms"
+    return ["autoscale", "--version", version, "--slo", slo, "--window", window, "--db", str(db)]

@@ -1,0 +1,226 @@
+"""How a demo service process is configured and served: environment, arguments, tracing.
+
+Each setting has one environment variable (declared once, here) and one command-line
+flag; the flag wins. ``tracekit demo`` sets the variables for the processes it starts
+and ``docker-compose.yml`` sets the same ones, so a test can check both against
+:data:`ENV_VARS`.
+
+A service binds its own socket (port 0 lets the OS choose) and prints
+``LISTENING_MARKER host port`` on stdout, so whoever started it learns the port
+without racing for a free one; ``READY_MARKER`` follows once start-up has finished.
+Readiness is read from that line rather than polled over HTTP so that no health
+check lands in the traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tracekit
+from tracekit.demo.regressions import Knobs, knobs_for
+from tracekit.errors import ConfigError
+
+DEFAULT_DURATION_S = 25.0
+"""Seconds of load per release in ``tracekit demo``."""
+DEFAULT_RATE = 30.0
+"""Requests per second (Poisson arrivals) in ``tracekit demo``."""
+
+ENV_HOST = "TRACEKIT_DEMO_HOST"
+"""Address to bind (default 127.0.0.1; the compose file uses 0.0.0.0)."""
+ENV_PORT = "TRACEKIT_DEMO_PORT"
+"""Port to bind; 0 lets the OS pick a free one."""
+ENV_VERSION = "TRACEKIT_DEMO_VERSION"
+"""Release label, written as the ``service.version`` resource attribute."""
+ENV_REGRESSION = "TRACEKIT_DEMO_REGRESSION"
+"""Regression this process runs with (see :mod:`tracekit.demo.regressions`)."""
+ENV_TRACE_FILE = "TRACEKIT_DEMO_TRACE_FILE"
+"""OTLP JSON-lines file the spans go to; empty for none."""
+ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+"""OTLP/HTTP endpoint the spans also go to (e.g. Jaeger's http://jaeger:4318)."""
+ENV_DOWNSTREAM_URL = "TRACEKIT_DEMO_DOWNSTREAM_URL"
+"""Base URL of the pricing service (ranker only)."""
+ENV_SEED = "TRACEKIT_DEMO_SEED"
+"""Seed of every random choice a service makes (latencies, slow calls, data)."""
+
+ENV_VARS: tuple[str, ...] = (
+    ENV_HOST,
+    ENV_PORT,
+    ENV_VERSION,
+    ENV_REGRESSION,
+    ENV_TRACE_FILE,
+    ENV_OTLP_ENDPOINT,
+    ENV_DOWNSTREAM_URL,
+    ENV_SEED,
+)
+"""Every variable a demo process reads."""
+
+LISTENING_MARKER = "TRACEKIT_DEMO_LISTENING"
+"""First word of the line a service prints once its socket is bound."""
+READY_MARKER = "TRACEKIT_DEMO_READY"
+"""First word of the line a service prints once start-up has finished."""
+
+HEALTH_PATH = "/healthz"
+"""Answers 200 once the service has finished starting (model built, cache warm)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One service process's configuration."""
+
+    host: str
+    port: int
+    version: str
+    regression: str
+    trace_file: str
+    otlp_endpoint: str
+    downstream_url: str
+    seed: int
+
+    @property
+    def knobs(self) -> Knobs:
+        return knobs_for(self.regression)
+
+
+def build_parser(prog: str, description: str, *, downstream: bool) -> argparse.ArgumentParser:
+    """Flags for a service; each default comes from its environment variable."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--host", help=f"address to bind [{ENV_HOST}, default 127.0.0.1]")
+    parser.add_argument("--port", type=int, help=f"port, 0 = any free one [{ENV_PORT}]")
+    parser.add_argument("--version", dest="version", help=f"release label [{ENV_VERSION}]")
+    parser.add_argument("--regression", help=f"regression to run with [{ENV_REGRESSION}]")
+    parser.add_argument("--trace-file", help=f"OTLP JSON-lines output [{ENV_TRACE_FILE}]")
+    parser.add_argument("--otlp-endpoint", help=f"OTLP/HTTP endpoint [{ENV_OTLP_ENDPOINT}]")
+    if downstream:
+        parser.add_argument("--downstream-url", help=f"pricing service [{ENV_DOWNSTREAM_URL}]")
+    parser.add_argument("--seed", type=int, help=f"random seed [{ENV_SEED}]")
+    return parser
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def parse_settings(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings from ``argv`` over ``env`` over the defaults; checks the regression name."""
+    env = os.environ if env is None else env
+    args = parser.parse_args(argv)
+
+    def pick(value: Any, name: str, default: str) -> str:
+        return str(value) if value is not None else env.get(name, "") or default
+
+    settings = Settings(
+        host=pick(args.host, ENV_HOST, "127.0.0.1"),
+        port=args.port if args.port is not None else _env_int(env, ENV_PORT, 0),
+        version=pick(args.version, ENV_VERSION, "v1"),
+        regression=pick(args.regression, ENV_REGRESSION, ""),
+        trace_file=pick(args.trace_file, ENV_TRACE_FILE, ""),
+        otlp_endpoint=pick(args.otlp_endpoint, ENV_OTLP_ENDPOINT, ""),
+        downstream_url=pick(getattr(args, "downstream_url", None), ENV_DOWNSTREAM_URL, ""),
+        seed=args.seed if args.seed is not None else _env_int(env, ENV_SEED, 0),
+    )
+    knobs_for(settings.regression)  # unknown names fail here, before anything starts
+    return settings
+
+
+def skip_missing_sniffio() -> None:
+    """Make httpcore's per-request ``import sniffio`` fail fast where sniffio is absent.
+
+    httpcore 1.x imports sniffio inside every connection-pool call and falls back to
+    asyncio on ImportError; a failed import is not cached, so without sniffio (anyio 4
+    no longer pulls it in) each call searches sys.path again — milliseconds of CPU per
+    request. A ``None`` entry in ``sys.modules`` is Python's documented way to make that
+    import raise at once; the fallback httpcore then takes is the one it would take anyway.
+    """
+    import importlib.util
+
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+def configure_tracing(service_name: str, settings: Settings) -> None:
+    """Point tracekit at the trace file, the OTLP endpoint, or both."""
+    exporters: list[str] = []
+    options: dict[str, Any] = {}
+    if settings.trace_file:
+        exporters.append("file")
+        options["path"] = settings.trace_file
+    if settings.otlp_endpoint:
+        exporters.append("otlp")
+        options["endpoint"] = settings.otlp_endpoint
+    if not exporters:
+        raise ConfigError(
+            f"{service_name}: no trace output: set {ENV_TRACE_FILE} or {ENV_OTLP_ENDPOINT}"
+        )
+    exporter: str | tuple[str, ...] = exporters[0] if len(exporters) == 1 else tuple(exporters)
+    tracekit.configure(
+        service_name=service_name,
+        service_version=settings.version,
+        exporter=exporter,
+        **options,
+    )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 gets a free port from the OS."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
+    # and without it Nagle plus delayed ACKs add ~40 ms to every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app: Any, settings: Settings) -> None:
+    """Run ``app`` under uvicorn on its own socket; returns after SIGTERM/SIGINT."""
+    import uvicorn
+
+    sock = bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    # Printed before uvicorn starts: connections queue in the backlog meanwhile, and
+    # the lifespan prints READY_MARKER once the app can serve them.
+    print(f"{LISTENING_MARKER} {host} {port}", flush=True)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def announce_ready(service_name: str, settings: Settings) -> None:
+    """Tell the starter that requests are served from now on."""
+    print(f"{READY_MARKER} {service_name} {settings.version}", flush=True)
+
+
+def run_main(main: Any) -> None:
+    """Run a service ``main()``; a configuration error is one line and exit status 2."""
+    try:
+        main()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
