@@ -3,9 +3,9 @@
 Both decoding paths write into the temporary table ``_tk_stage``: the SQL fast path
 with one ``INSERT … SELECT``, the Python decoders in batches of rows handed to DuckDB
 as numpy columns (``executemany`` would be a hundred times slower). Once the whole
-input is read, :func:`finalize` keeps the first of any duplicate keys, inserts with
-``INSERT OR IGNORE`` (so re-ingesting stores nothing) and finds, in SQL, the problems
-that need the whole input: orphans and children that overflow their parent.
+input is read, :func:`finalize` keeps the first of any duplicate keys, inserts the keys
+``spans`` does not hold yet (so re-ingesting stores nothing) and finds, in SQL, the
+problems that need the whole input: orphans and children that overflow their parent.
 """
 
 from __future__ import annotations

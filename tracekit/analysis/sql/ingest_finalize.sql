@@ -46,12 +46,18 @@ SELECT * EXCLUDE (rn) FROM (
 ) WHERE rn = 1
 
 -- name: insert_spans
-INSERT OR IGNORE INTO spans
+-- The stage holds each key once (keep_first), so the keys not yet in `spans` can be
+-- inserted plainly: INSERT OR IGNORE would probe the primary-key index once a row, which
+-- costs more than this anti-join (and a plain INSERT) on a fresh or a full store alike.
+INSERT INTO spans
 SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code,
        service_name, coalesce(service_version, $version), instance_id, host_name,
        stage, time_kind, cpu_time_ns, gpu_time_ns, sample_weight,
        attributes::JSON, resource_attributes::JSON, links::JSON, source
-FROM _tk_stage
+FROM _tk_stage s
+WHERE NOT EXISTS (
+    SELECT 1 FROM spans p WHERE p.trace_id = s.trace_id AND p.span_id = s.span_id
+)
 
 -- name: orphans
 SELECT s.source, s.trace_id, s.span_id, s.parent_span_id, s.file_no

@@ -1,0 +1,179 @@
+"""The SQL fast path for OTLP JSON lines against the Python reference decoder.
+
+Each case ingests the same spans as a JSON-lines file (the SQL path) and as one OTLP
+document (the Python decoder) and compares the stored rows. The cases pin what the SQL
+path does beyond plain lines: a file cut into ranges parsed side by side, and the lines
+it must hand to Python (repeated attribute keys, api_v3's ``result`` wrapper).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.analysis.ingest import fast, ingest_paths, staging
+from tracekit.analysis.store import SPAN_COLUMNS, open_store
+from tracekit.testing import TraceBuilder
+
+JSON_COLUMNS = ("attributes", "resource_attributes", "links")
+
+
+def build(n_requests: int = 40) -> TraceBuilder:
+    b = TraceBuilder(seed=3)
+    for i in range(n_requests):
+        r = b.request(start_ms=i * 200, duration_ms=120, attributes={cv.INFLIGHT: i % 7})
+        r.stage(
+            cv.FEATURE_RETRIEVAL,
+            start_ms=1,
+            duration_ms=10,
+            attributes={cv.CACHE_HIT: i % 3 == 0, "note": 'say "hi"\\ \u00e9'},
+        )
+        r.stage(cv.MODEL_EXECUTE, start_ms=12, duration_ms=50, cpu_ms=20, gpu_ms=30)
+        call = r.stage(cv.DOWNSTREAM, start_ms=70, duration_ms=40)
+        r.span("GET /price", start_ms=72, duration_ms=30, kind="SERVER", parent=call, service="px")
+        if i % 10 == 0:
+            b.batch([r], start_ms=i * 200, duration_ms=5, attributes={cv.SAMPLE_WEIGHT: 2.5})
+    return b
+
+
+def rows(store: Any) -> list[tuple[Any, ...]]:
+    cols = [c for c in SPAN_COLUMNS if c != "source"]
+    out = []
+    for row in store.con.execute(
+        f"SELECT {', '.join(cols)} FROM spans ORDER BY trace_id, span_id"
+    ).fetchall():
+        named = dict(zip(cols, row, strict=True))
+        for c in JSON_COLUMNS:
+            named[c] = json.loads(named[c])
+        out.append(tuple(named.items()))
+    return out
+
+
+def python_rows(tmp_path: Path, doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+    pretty = tmp_path / "reference.json"
+    pretty.write_text(json.dumps(doc, indent=1))
+    with open_store(tmp_path / "reference.duckdb") as s:
+        ingest_paths(s, [pretty])
+        return rows(s)
+
+
+def write_lines(path: Path, docs: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs))
+    return path
+
+
+def one_line_per_resource(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"resourceSpans": [rs]} for rs in doc["resourceSpans"]]
+
+
+def stage_file(tmp_path: Path, path: Path, *, threads: int) -> tuple[list[int], list[Any]]:
+    with open_store(tmp_path / f"stage{threads}.duckdb") as s:
+        s.run(f"SET threads = {threads}")
+        staging.create(s)
+        odd = fast.stage_lines(s, str(path), gzip=False, file_no=0, display="x")
+        staged = s.run(
+            "SELECT * EXCLUDE (source) FROM _tk_stage ORDER BY lineno, seq, trace_id, span_id"
+        )
+        return odd, staged
+
+
+def test_a_file_cut_into_ranges_stages_what_one_range_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = build()
+    path = b.write_jsonl(tmp_path / "spans.jsonl", spans_per_line=7)
+    one = stage_file(tmp_path, path, threads=1)
+    monkeypatch.setattr(fast, "SPLIT_BYTES", 0)
+    assert len(fast.line_ranges(str(path), 4)) == 4
+    cut = stage_file(tmp_path, path, threads=4)
+    assert cut == one and one[0] == [] and len(one[1]) == len(b.spans)
+
+
+def test_a_file_cut_into_ranges_stores_what_the_python_decoder_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fast, "SPLIT_BYTES", 0)
+    b = build()
+    text = b.write_jsonl(tmp_path / "built.jsonl", spans_per_line=7).read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    # Several resources in one line (repeating earlier spans), and a malformed line.
+    mixed = {"resourceSpans": lines[0]["resourceSpans"] + lines[-1]["resourceSpans"]}
+    path = write_lines(tmp_path / "spans.jsonl", [*lines[:9], mixed, *lines[9:]])
+    body = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*body[:5], '{"resourceSpans": [ {"broken"\n', *body[5:]]))
+    with open_store(tmp_path / "fast.duckdb") as s:
+        s.run("SET threads = 3")
+        report = ingest_paths(s, [path])
+        assert report.counts == {"duplicate": _spans(mixed), "malformed": 1}
+        assert [p.where for p in report.skipping_problems] == [f"{path}:6"]
+        got = rows(s)
+    assert got == python_rows(tmp_path, b.to_otlp())
+
+
+def _spans(line: dict[str, Any]) -> int:
+    return sum(len(ss["spans"]) for rs in line["resourceSpans"] for ss in rs["scopeSpans"])
+
+
+def test_line_ranges_cover_every_line_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast, "SPLIT_BYTES", 0)
+    path = tmp_path / "lines.txt"
+    path.write_text("".join("x" * (i % 50) + "\n" for i in range(1000)) + "\n\n" + "y" * 5000)
+    for parts in range(1, 9):
+        ranges = fast.line_ranges(str(path), parts)
+        assert len(ranges) == parts and ranges[0][0] == 1 and ranges[-1][1] >= 1003
+        assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+def test_repeated_attribute_keys_go_to_python_which_keeps_the_last(tmp_path: Path) -> None:
+    b = build(2)
+    doc = b.to_otlp()
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    span["attributes"].append({"key": cv.STAGE, "value": {"stringValue": "postprocess"}})
+    path = write_lines(tmp_path / "spans.jsonl", one_line_per_resource(doc))
+    odd, _ = stage_file(tmp_path, path, threads=1)
+    assert odd == [1]
+    with open_store(tmp_path / "fast.duckdb") as s:
+        ingest_paths(s, [path])
+        assert s.run("SELECT stage FROM spans WHERE span_id = ?", [span["spanId"]]) == [
+            ("postprocess",)
+        ]
+        assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_api_v3_result_lines_go_to_python_and_store_the_same(tmp_path: Path) -> None:
+    b = build(3)
+    doc = b.to_otlp()
+    path = write_lines(tmp_path / "v3.jsonl", [{"result": doc}])
+    odd, staged = stage_file(tmp_path, path, threads=1)
+    assert odd == [1] and staged == []
+    with open_store(tmp_path / "fast.duckdb") as s:
+        ingest_paths(s, [path])
+        assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_repeated_span_in_one_line_keeps_the_first_as_python_does(tmp_path: Path) -> None:
+    b = build(2)
+    doc = b.to_otlp()
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans.append({**spans[0], "name": "a later copy"})
+    spans.insert(0, {**spans[1], "name": "an earlier copy"})
+    path = write_lines(tmp_path / "spans.jsonl", [doc])
+    with open_store(tmp_path / "fast.duckdb") as s:
+        report = ingest_paths(s, [path])
+        assert report.counts == {"duplicate": 2}
+        assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_stage_lines_puts_back_the_insertion_order_setting(tmp_path: Path) -> None:
+    path = build(2).write_jsonl(tmp_path / "spans.jsonl")
+    with open_store(tmp_path / "s.duckdb") as s:
+        staging.create(s)
+        fast.stage_lines(s, str(path), gzip=False, file_no=0, display="x")
+        assert s.run("SELECT current_setting('preserve_insertion_order')") == [(True,)]
+        assert s.run("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_tk_spans'") == [
+            (0,)
+        ]
