@@ -203,3 +203,40 @@ def test_audit_from_the_store_with_traces(store) -> None:
     assert result.recommendation.signal in (sr.INFLIGHT, sr.QUEUE_DEPTH)
     with pytest.raises(QueryError, match="v9"):
         audit_autoscaling(store, release="v9", slo=SLO)
+
+
+def test_a_rollout_audited_as_one_time_line_separates_old_healthy_from_new_slow(store) -> None:
+    """v2 alone is all violation (nothing to separate); v1 then v2 shows in-flight tracks it."""
+    from tracekit.testing import TraceBuilder
+
+    rng = np.random.default_rng(5)
+    for version, t0_ms, latency_ms, inflight in (
+        ("v1", 0.0, 40.0, 1.0),
+        ("v2", 70_000.0, 120.0, 4.0),
+    ):
+        b = TraceBuilder(service="ranker", version=version, seed=11 if version == "v1" else 12)
+        for i in range(240):  # 60 s at 4 requests/s, one replica per release
+            b.request(
+                start_ms=t0_ms + i * 250.0,
+                duration_ms=float(latency_ms * rng.uniform(0.8, 1.2)),
+                attributes={
+                    cv.INFLIGHT: inflight + float(rng.integers(0, 2)),
+                    cv.QUEUE_DEPTH: inflight - 1.0,
+                    cv.CPU_UTILIZATION: 0.15,
+                },
+                instance_id=f"ranker-{version}",
+            )
+        b.load(store)
+    slo = parse_slo("p95<80ms")
+    alone = audit_autoscaling(store, release="v2", slo=slo, window_s=10.0)
+    assert alone.violating_windows == len([w for w in alone.windows if w.sufficient])
+    both = audit_autoscaling(store, release=["v1", "v2"], slo=slo, window_s=10.0)
+    assert both.release == "v1+v2"
+    assert both.violating_windows == alone.violating_windows
+    assert both.missed_windows == both.violating_windows  # CPU at 15% never fires
+    rec = both.recommendation
+    assert rec is not None and rec.signal in (sr.INFLIGHT, sr.QUEUE_DEPTH)
+    assert rec.would_fire_windows == both.violating_windows
+    if rec.signal == sr.INFLIGHT:
+        # Little's law counts the arriving request too: 1 + 4/s x 0.08 s.
+        assert rec.littles_law == pytest.approx(1.32, abs=0.05)

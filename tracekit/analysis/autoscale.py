@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +26,7 @@ import numpy.typing as npt
 
 from tracekit.analysis import scaling_rules as sr
 from tracekit.analysis import signal_ranking as ranking
-from tracekit.analysis.release import load_release
+from tracekit.analysis.release import concat_releases, load_release
 from tracekit.analysis.stats import weighted_quantile
 from tracekit.analysis.store import Store
 from tracekit.errors import ConfigError, QueryError
@@ -297,19 +298,26 @@ GROUP BY release ORDER BY max(start_ns) DESC, release LIMIT 1
 def audit_autoscaling(
     store: Store,
     *,
-    release: str | None = None,
+    release: str | Sequence[str] | None = None,
     rule: sr.ScalingRule | None = None,
     slo: Slo | None = None,
     window_s: float = 30.0,
     service: str | None = None,
 ) -> AutoscaleResult:
-    """:func:`audit` over one release in the store (default: the one traced last)."""
+    """:func:`audit` over releases in the store (default: the one traced last).
+
+    Several releases are audited as one time line, as a rollout replaced one by the
+    other: the healthy windows of the old release are what lets a signal show that it
+    separates them from the violating windows of the new one.
+    """
     if release is None:
         row = store.con.execute(_LATEST_RELEASE_SQL, {"service": service}).fetchone()
         if row is None:
             raise QueryError(f"no requests in {store.path}: run `tracekit ingest FILE` first")
         release = str(row[0])
-    return audit(load_release(store, release, service=service), rule, slo, window_s)
+    labels = [release] if isinstance(release, str) else list(release)
+    data = concat_releases([load_release(store, label, service=service) for label in labels])
+    return audit(data, rule, slo, window_s)
 
 
 # --- wording --------------------------------------------------------------------------

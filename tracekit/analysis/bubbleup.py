@@ -50,8 +50,12 @@ SKIPPED_ATTRIBUTES: tuple[str, ...] = (
 )
 """Attributes never ranked, whatever their cardinality."""
 
-SKIPPED_PATTERN = r"(^|[._])(id|ids|uuid|time|timestamp|url|uri|query)$|_ns$|(^|\.)(trace|span)_?id"
-"""Key shapes that name identifiers, clocks or URLs (``user.id``, ``db.query``, ``*_ns``)."""
+SKIPPED_PATTERN = (
+    r"(^|[._])(id|ids|uuid|time|timestamp|url|uri|query)$|_ns$|(^|\.)(trace|span)_?id"
+    r"|(^|\.)(client|peer)\.port$"
+)
+"""Key shapes that name identifiers, clocks, URLs or ephemeral ports (``user.id``,
+``db.query``, ``*_ns``, ``client.port``)."""
 
 _REQ_CTE = """
 WITH req AS (

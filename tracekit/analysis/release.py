@@ -9,6 +9,7 @@ Times are milliseconds (float64), as in every output tracekit writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -162,4 +163,54 @@ def load_release(
         queue_depth=np.asarray(req["queue_depth"], dtype=np.float64),
         cpu_utilization=np.asarray(req["cpu_utilization"], dtype=np.float64),
         gpu_utilization=np.asarray(req["gpu_utilization"], dtype=np.float64),
+    )
+
+
+def concat_releases(parts: list[ReleaseData]) -> ReleaseData:
+    """Several releases as one time line (e.g. before and after a rollout), by start time.
+
+    Stage columns are the union of the parts' stages; a stage a part never had reads 0
+    (critical, wall) or NaN (cpu, gpu) for its requests. The label joins the parts'.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    stages = order_stages({s for p in parts for s in p.stages})
+
+    def widen(p: ReleaseData, m: npt.NDArray[np.float64], fill: float) -> npt.NDArray[np.float64]:
+        out = np.full((p.n, len(stages)), fill)
+        for j, s in enumerate(p.stages):
+            out[:, stages.index(s)] = m[:, j]
+        return out
+
+    start = np.concatenate([p.start_ns for p in parts])
+    order = np.argsort(start, kind="stable")
+
+    def cat(name: str) -> npt.NDArray[Any]:
+        return np.concatenate([getattr(p, name) for p in parts])[order]
+
+    def cat_stage(name: str, fill: float) -> npt.NDArray[np.float64]:
+        return np.concatenate([widen(p, getattr(p, name), fill) for p in parts])[order]
+
+    kinds: dict[str, str] = {}
+    for p in parts:
+        for s, k in p.time_kinds.items():
+            kinds.setdefault(s, k)
+    return ReleaseData(
+        label="+".join(p.label for p in parts),
+        trace_ids=cat("trace_ids"),
+        start_ns=start[order],
+        duration_ms=cat("duration_ms"),
+        weights=cat("weights"),
+        is_error=cat("is_error"),
+        stages=stages,
+        stage_ms=cat_stage("stage_ms", 0.0),
+        stage_wall_ms=cat_stage("stage_wall_ms", 0.0),
+        stage_cpu_ms=cat_stage("stage_cpu_ms", np.nan),
+        stage_gpu_ms=cat_stage("stage_gpu_ms", np.nan),
+        time_kinds=kinds,
+        instance_ids=cat("instance_ids"),
+        inflight=cat("inflight"),
+        queue_depth=cat("queue_depth"),
+        cpu_utilization=cat("cpu_utilization"),
+        gpu_utilization=cat("gpu_utilization"),
     )

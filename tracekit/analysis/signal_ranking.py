@@ -18,7 +18,9 @@ The target for the chosen signal is the *knee*: the highest value seen in a heal
 window below the lowest value seen in a violating one, lowered when needed so that
 value × (1 + tolerance) stays below every violating window's value (the rule must fire
 there), then rounded down. For in-flight requests Little's law (in-flight ≈ rate per
-replica × latency, at the objective's latency) is the cross-check, and the target when
+replica × latency, at the objective's latency, plus one: ``tracekit.inflight`` counts
+the arriving request itself, and an arrival sees the time-average load) is the
+cross-check, and the target when
 no window shows a knee. It is not allowed to override the knee: traces sampled without
 ``tracekit.sample.weight`` understate the rate, while the in-flight attribute counts
 every request the process held.
@@ -253,7 +255,7 @@ def derive_target(
             else (max(healthy, key=lambda p: p[0])[1] if healthy else None)
         )
         if rate_w is not None:
-            little = rate_w.signals[sr.REQUEST_RATE] * slo.threshold_ms / 1000.0
+            little = 1.0 + rate_w.signals[sr.REQUEST_RATE] * slo.threshold_ms / 1000.0
     raw = min(knee_v, cap)
     if not math.isfinite(raw) or raw <= 0:
         raw = little if little is not None and little > 0 else 1.0

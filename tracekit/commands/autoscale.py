@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
         help="does the scaling rule see the latency problem? which signal would?",
         description=DESCRIPTION,
     )
-    parser.add_argument("--version", dest="release", metavar="V", help="release to audit (default: the one traced last)")  # fmt: skip
+    parser.add_argument("--version", dest="release", metavar="V", action="append", help="release to audit (default: the one traced last); repeat it to audit a rollout as one time line, e.g. --version v1 --version v2")  # fmt: skip
     parser.add_argument("--service", metavar="NAME", help="only requests entering this service")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hpa", "--rule", dest="rule_file", metavar="FILE", help="HPA (autoscaling/v2), KEDA ScaledObject or Ray Serve config, YAML or JSON")  # fmt: skip

@@ -32,6 +32,7 @@ Example:
 
 def register(sub: Any) -> None:
     from tracekit.demo.regressions import DEFAULT_REGRESSION, REGRESSIONS
+
     # Not the runner: it imports torch, which would slow every tracekit command's start.
     from tracekit.demo.settings import DEFAULT_DURATION_S, DEFAULT_RATE
 

@@ -83,11 +83,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{problem.where}: {problem.reason}", file=sys.stderr)
     if len(report.skipping_problems) > LISTED or report.skipped > LISTED:
         print(f"… and more: {report.skipped:,} skipped in all", file=sys.stderr)
-    warnings = [p for p in report.problems if not p.skipped]
-    for problem in warnings[:5]:
-        print(f"warning: {problem.where}: {problem.reason}", file=sys.stderr)
-    if len(warnings) > 5:
-        print("warning: … more; every problem is counted in the summary line", file=sys.stderr)
+    # Warnings (nothing dropped) are one line per kind with its first example: a normal
+    # run can hold hundreds of server spans ending just after their client span.
+    first: dict[str, Any] = {}
+    count: dict[str, int] = {}
+    for problem in report.problems:
+        if not problem.skipped:
+            first.setdefault(problem.kind, problem)
+            count[problem.kind] = count.get(problem.kind, 0) + 1
+    for kind, problem in first.items():
+        more = f" (and {count[kind] - 1:,} more like it)" if count[kind] > 1 else ""
+        print(f"warning: {kind}: {problem.where}: {problem.reason}{more}", file=sys.stderr)
     line = report.summary_line() + f" ({report.seconds:.2f} s)"
     line += f"; {requests:,} requests attributed"
     print(line)

@@ -339,9 +339,9 @@ def report(
     gate_word = {0: "pass", 1: "fail", 3: "inconclusive"}.get(gate_code, f"error ({gate_code})")
     slo = slo_for(runs[0].load)
     _heading(
-        f'tracekit autoscale --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
+        f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
     )
-    tracekit_cli(autoscale_argv(db, AFTER, slo, window_for(duration_s)))
+    tracekit_cli(autoscale_argv(db, [BEFORE, AFTER], slo, window_for(duration_s)))
     _heading("result")
     verdict = diff_verdict(db)
     stage, kind = verdict.get("primary_stage"), verdict.get("kind")
@@ -364,7 +364,12 @@ def report(
     sys.stdout.flush()
 
 
-def autoscale_argv(db: Path, version: str, slo_ms: int, window: str) -> list[str]:
-    """``tracekit autoscale`` for the demo's short run: windows of a few seconds."""
+def autoscale_argv(db: Path, versions: Sequence[str], slo_ms: int, window: str) -> list[str]:
+    """``tracekit autoscale`` for the demo's short run: windows of a few seconds.
+
+    Both releases form one time line, as a rollout would: v1's healthy windows are what
+    shows which signal separates them from v2's violating ones.
+    """
     slo = f"p95<{slo_ms}ms"
-    return ["autoscale", "--version", version, "--slo", slo, "--window", window, "--db", str(db)]
+    picks = [arg for v in versions for arg in ("--version", v)]
+    return ["autoscale", *picks, "--slo", slo, "--window", window, "--db", str(db)]
