@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit import conventions as cv
+from tracekit.instrumentation.exporters import encode_attributes
 
 T0 = 1_700_000_000_000_000_000
 STAGES = (
@@ -40,25 +41,11 @@ STAGES = (
 )
 
 
-def _value(v: Any) -> dict[str, Any]:
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    return {"stringValue": v}
-
-
-def _attrs(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in d.items()]
-
-
 def generate(path: Path, n_spans: int, seed: int = 7) -> int:
     """Write about ``n_spans`` spans of 8-span requests; return the exact count."""
     rnd = random.Random(seed)
     ranker = {
-        "attributes": _attrs(
+        "attributes": encode_attributes(
             {
                 cv.SERVICE_NAME: "ranker",
                 cv.SERVICE_VERSION: "v2",
@@ -68,7 +55,7 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> int:
         )
     }
     features = {
-        "attributes": _attrs(
+        "attributes": encode_attributes(
             {
                 cv.SERVICE_NAME: "features",
                 cv.SERVICE_VERSION: "v7",
@@ -107,7 +94,7 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> int:
                         "kind": kind,
                         "startTimeUnixNano": str(start),
                         "endTimeUnixNano": str(end),
-                        "attributes": _attrs(attrs),
+                        "attributes": encode_attributes(attrs),
                         "status": {},
                     }
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracekit import conventions as cv
+from tracekit.instrumentation.exporters import encode_attributes
 
 if TYPE_CHECKING:  # the builder itself must not need duckdb
     from tracekit.analysis.store import Store
@@ -358,7 +359,7 @@ class TraceBuilder:
             groups.setdefault(s.resource.key(), []).append(s)
         out = []
         for spans in groups.values():
-            resource = {"attributes": _otlp_attributes(spans[0].resource.attributes())}
+            resource = {"attributes": encode_attributes(spans[0].resource.attributes())}
             size = chunk or len(spans)
             for i in range(0, len(spans), size):
                 out.append(
@@ -404,27 +405,6 @@ def _row(s: SpanRef) -> tuple[Any, ...]:
     )
 
 
-def _any_value(v: Any) -> dict[str, Any]:
-    """OTLP AnyValue in proto3 JSON: 64-bit ints are strings, bools are not ints."""
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    if isinstance(v, str):
-        return {"stringValue": v}
-    if isinstance(v, Mapping):
-        return {"kvlistValue": {"values": _otlp_attributes(v)}}
-    if isinstance(v, Sequence):
-        return {"arrayValue": {"values": [_any_value(x) for x in v]}}
-    return {"stringValue": str(v)}
-
-
-def _otlp_attributes(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _any_value(v)} for k, v in attrs.items()]
-
-
 def _otlp_span(s: SpanRef) -> dict[str, Any]:
     span: dict[str, Any] = {"traceId": s.trace_id, "spanId": s.span_id}
     if s.parent_span_id:
@@ -436,10 +416,10 @@ def _otlp_span(s: SpanRef) -> dict[str, Any]:
         span["startTimeUnixNano"] = str(s.start_ns)
         span["endTimeUnixNano"] = str(s.end_ns)
     if s.attributes:
-        span["attributes"] = _otlp_attributes(s.attributes)
+        span["attributes"] = encode_attributes(s.attributes)
     if s.links:
         span["links"] = [
-            {"traceId": t, "spanId": p, **({"attributes": _otlp_attributes(a)} if a else {})}
+            {"traceId": t, "spanId": p, **({"attributes": encode_attributes(a)} if a else {})}
             for t, p, a in s.links
         ]
     span["status"] = {"code": _STATUS_ENUM[s.status]} if s.status != "UNSET" else {}

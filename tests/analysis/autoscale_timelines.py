@@ -6,28 +6,19 @@ capacity; in-flight follows Little's law (rate × mean latency, plus the request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from tracekit.analysis.autoscale import Timeline
 
 WINDOW_S = 30.0
 REPLICAS = ("pod-a", "pod-b")
 
 
-@dataclass
-class Arrays:
-    """Satisfies tracekit.analysis.autoscale.Timeline."""
-
-    label: str
-    start_ns: npt.NDArray[np.int64]
-    duration_ms: npt.NDArray[np.float64]
-    weights: npt.NDArray[np.float64]
-    instance_ids: npt.NDArray[np.object_]
-    inflight: npt.NDArray[np.float64]
-    queue_depth: npt.NDArray[np.float64]
-    cpu_utilization: npt.NDArray[np.float64]
-    gpu_utilization: npt.NDArray[np.float64]
+# Built from the protocol's own fields, so the fixture has exactly what the audit reads.
+Arrays = make_dataclass("Arrays", list(Timeline.__annotations__.items()))
 
 
 def timeline(

@@ -159,19 +159,35 @@ def _hpa(doc: _Doc) -> sr.ScalingRule:
     if not metrics:  # the API server's default when no metric is given
         metrics.append(sr.MetricRule(sr.CPU_UTILIZATION, 0.8, "utilization", "cpu 80% (default)"))
     behavior = doc.get(spec, "behavior", "spec") or {}
+    return _hpa_rule(doc, spec, "HPA", name, metrics, min_r, max_r, behavior, "spec.behavior")
+
+
+def _hpa_rule(
+    doc: _Doc,
+    spec: Any,
+    controller: str,
+    name: str,
+    metrics: list[sr.MetricRule],
+    min_r: int,
+    max_r: int,
+    behavior: Any,
+    bpath: str,
+) -> sr.ScalingRule:
+    """The rule an HPA enforces, ``behavior`` (found at ``bpath``) included.
+
+    A KEDA ScaledObject's rule too: KEDA creates an HPA and hands it that behaviour.
+    """
     return _finish(
         doc,
         sr.ScalingRule(
-            controller="HPA",
+            controller=controller,
             name=name,
             metrics=tuple(metrics),
             min_replicas=min_r,
             max_replicas=max_r,
-            scale_up=_behavior(doc, behavior, "scaleUp", "spec.behavior", sr.DEFAULT_SCALE_UP),
-            scale_down=_behavior(
-                doc, behavior, "scaleDown", "spec.behavior", sr.DEFAULT_SCALE_DOWN
-            ),
-            tolerance=_tolerance(doc, behavior, "spec.behavior"),
+            scale_up=_behavior(doc, behavior, "scaleUp", bpath, sr.DEFAULT_SCALE_UP),
+            scale_down=_behavior(doc, behavior, "scaleDown", bpath, sr.DEFAULT_SCALE_DOWN),
+            tolerance=_tolerance(doc, behavior, bpath),
             source=doc.file,
             target_ref=_target_ref(spec),
         ),
@@ -357,21 +373,7 @@ def _keda(doc: _Doc) -> sr.ScalingRule:
         (doc.get(spec, "advanced", "spec") or {}).get("horizontalPodAutoscalerConfig") or {}
     ).get("behavior") or {}
     bpath = "spec.advanced.horizontalPodAutoscalerConfig.behavior"
-    return _finish(
-        doc,
-        sr.ScalingRule(
-            controller="KEDA",
-            name=name,
-            metrics=tuple(metrics),
-            min_replicas=min_r,
-            max_replicas=max(max_r, min_r),
-            scale_up=_behavior(doc, behavior, "scaleUp", bpath, sr.DEFAULT_SCALE_UP),
-            scale_down=_behavior(doc, behavior, "scaleDown", bpath, sr.DEFAULT_SCALE_DOWN),
-            tolerance=_tolerance(doc, behavior, bpath),
-            source=doc.file,
-            target_ref=_target_ref(spec),
-        ),
-    )  # fmt: skip
+    return _hpa_rule(doc, spec, "KEDA", name, metrics, min_r, max(max_r, min_r), behavior, bpath)
 
 
 # --- Ray Serve ---------------------------------------------------------------------------

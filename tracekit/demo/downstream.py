@@ -24,11 +24,11 @@ from pydantic import BaseModel, Field
 
 import tracekit
 from tracekit.demo.settings import (
-    HEALTH_PATH,
     Settings,
     announce_ready,
     build_parser,
     configure_tracing,
+    instrument_app,
     parse_settings,
     run_main,
     serve,
@@ -97,12 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
         await asyncio.sleep(pricing.delay_s())
         return PriceResponse(margins=pricing.margins(request.user_id, request.items))
 
-    @app.get(HEALTH_PATH)
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "version": settings.version}
-
-    # The health route is for orchestrators (compose); it is not a request to analyse.
-    tracekit.instrument_fastapi(app, excluded_urls=HEALTH_PATH.lstrip("/"))
+    instrument_app(app, settings)
     return app
 
 

@@ -40,11 +40,11 @@ from tracekit.demo.downstream import PRICE_PATH
 from tracekit.demo.features import FeatureStore
 from tracekit.demo.settings import (
     ENV_DOWNSTREAM_URL,
-    HEALTH_PATH,
     Settings,
     announce_ready,
     build_parser,
     configure_tracing,
+    instrument_app,
     parse_settings,
     run_main,
     serve,
@@ -212,12 +212,7 @@ def create_app(settings: Settings) -> FastAPI:
         ranker: Ranker = app.state.ranker
         return await ranker.predict(request)
 
-    @app.get(HEALTH_PATH)
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "version": settings.version}
-
-    # The health route is for orchestrators (compose); it is not a request to analyse.
-    tracekit.instrument_fastapi(app, excluded_urls=HEALTH_PATH.lstrip("/"))
+    instrument_app(app, settings)
     return app
 
 

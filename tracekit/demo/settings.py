@@ -20,11 +20,14 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tracekit
 from tracekit.demo.regressions import Knobs, knobs_for
 from tracekit.errors import ConfigError
+
+if TYPE_CHECKING:  # `tracekit demo` reads its defaults here without needing FastAPI
+    from fastapi import FastAPI
 
 DEFAULT_DURATION_S = 25.0
 """Seconds of load per release in ``tracekit demo``."""
@@ -174,6 +177,17 @@ def configure_tracing(service_name: str, settings: Settings) -> None:
         exporter=exporter,
         **options,
     )
+
+
+def instrument_app(app: FastAPI, settings: Settings) -> None:
+    """Add the health route to a service's app and trace every other request with tracekit."""
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "version": settings.version}
+
+    # The health route is for orchestrators (compose); it is not a request to analyse.
+    tracekit.instrument_fastapi(app, excluded_urls=HEALTH_PATH.lstrip("/"))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -39,7 +39,12 @@ _FLAG_IS_REMOTE = 0x200
 # --- OTLP JSON encoding ----------------------------------------------------------
 
 
-def _value(v: Any) -> dict[str, Any]:
+def encode_value(v: Any) -> dict[str, Any]:
+    """One OTLP ``AnyValue`` in proto3 JSON, as the Collector writes it.
+
+    Also what :mod:`tracekit.testing` and the ingest benchmark write, so that every
+    OTLP document tracekit produces spells values one way.
+    """
     # bool before int: bool is an int subclass.
     if isinstance(v, bool):
         return {"boolValue": v}
@@ -55,14 +60,15 @@ def _value(v: Any) -> dict[str, Any]:
     if isinstance(v, bytes | bytearray):
         return {"bytesValue": base64.b64encode(bytes(v)).decode("ascii")}
     if isinstance(v, Mapping):
-        return {"kvlistValue": {"values": _attributes(v)}}
+        return {"kvlistValue": {"values": encode_attributes(v)}}
     if isinstance(v, Sequence):
-        return {"arrayValue": {"values": [_value(x) for x in v]}}
+        return {"arrayValue": {"values": [encode_value(x) for x in v]}}
     return {"stringValue": str(v)}
 
 
-def _attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+def encode_attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """OTLP ``KeyValue`` list of ``attrs`` (none: an empty list)."""
+    return [{"key": k, "value": encode_value(v)} for k, v in (attrs or {}).items()]
 
 
 def _flags(own: SpanContext | None, parent: SpanContext | None) -> int:
@@ -85,7 +91,7 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
     out["startTimeUnixNano"] = str(span.start_time or 0)
     out["endTimeUnixNano"] = str(span.end_time or 0)
     if span.attributes:
-        out["attributes"] = _attributes(span.attributes)
+        out["attributes"] = encode_attributes(span.attributes)
     if span.dropped_attributes:
         out["droppedAttributesCount"] = span.dropped_attributes
     if span.events:
@@ -93,7 +99,7 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
         for event in span.events:
             e: dict[str, Any] = {"timeUnixNano": str(event.timestamp), "name": event.name}
             if event.attributes:
-                e["attributes"] = _attributes(event.attributes)
+                e["attributes"] = encode_attributes(event.attributes)
             events.append(e)
         out["events"] = events
     if span.dropped_events:
@@ -108,7 +114,7 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
             if link.context.trace_state:
                 lk["traceState"] = link.context.trace_state.to_header()
             if link.attributes:
-                lk["attributes"] = _attributes(link.attributes)
+                lk["attributes"] = encode_attributes(link.attributes)
             lk["flags"] = _flags(link.context, link.context)
             links.append(lk)
         out["links"] = links
@@ -140,13 +146,13 @@ def encode_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
                 if scope.version:
                     scope_json["version"] = scope.version
                 if scope.attributes:
-                    scope_json["attributes"] = _attributes(scope.attributes)
+                    scope_json["attributes"] = encode_attributes(scope.attributes)
             entry: dict[str, Any] = {"scope": scope_json, "spans": [_span(s) for s in members]}
             if scope is not None and scope.schema_url:
                 entry["schemaUrl"] = scope.schema_url
             scope_spans.append(entry)
         rs: dict[str, Any] = {
-            "resource": {"attributes": _attributes(resource.attributes)},
+            "resource": {"attributes": encode_attributes(resource.attributes)},
             "scopeSpans": scope_spans,
         }
         if resource.schema_url:

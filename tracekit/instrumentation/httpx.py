@@ -35,7 +35,9 @@ def _replayable(request: httpx.Request) -> bool:
     return isinstance(request.stream, httpx.ByteStream)
 
 
-class _AsyncRetries(httpx.AsyncBaseTransport):
+class _Retries:
+    """The retry policy both transports follow; only the waiting and sending differ."""
+
     def __init__(
         self, inner: Any, retries: int, retry_on: tuple[type[BaseException], ...], backoff_s: float
     ):
@@ -46,48 +48,51 @@ class _AsyncRetries(httpx.AsyncBaseTransport):
             backoff_s,
         )
 
+    @staticmethod
+    def _label(request: httpx.Request, attempt: int) -> None:
+        # read by the request hook, which puts it on this attempt's span
+        if attempt:
+            request.extensions = {**request.extensions, _RESEND: attempt}
+
+    def _may_resend(self, request: httpx.Request, attempt: int) -> bool:
+        return attempt < self.retries and _replayable(request)
+
+    def _backoff_s(self, attempt: int) -> float:
+        """Seconds to wait before resend number ``attempt`` (1, 2, …): doubling each time."""
+        return self.backoff_s * 2 ** (attempt - 1)
+
+
+class _AsyncRetries(_Retries, httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         attempt = 0
         while True:
-            if attempt:
-                request.extensions = {**request.extensions, _RESEND: attempt}
+            self._label(request, attempt)
             try:
                 return await self.inner.handle_async_request(request)
             except self.retry_on:
-                if attempt >= self.retries or not _replayable(request):
+                if not self._may_resend(request, attempt):
                     raise
             attempt += 1
             if self.backoff_s:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self._backoff_s(attempt))
 
     async def aclose(self) -> None:
         await self.inner.aclose()
 
 
-class _SyncRetries(httpx.BaseTransport):
-    def __init__(
-        self, inner: Any, retries: int, retry_on: tuple[type[BaseException], ...], backoff_s: float
-    ):
-        self.inner, self.retries, self.retry_on, self.backoff_s = (
-            inner,
-            retries,
-            retry_on,
-            backoff_s,
-        )
-
+class _SyncRetries(_Retries, httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         attempt = 0
         while True:
-            if attempt:
-                request.extensions = {**request.extensions, _RESEND: attempt}
+            self._label(request, attempt)
             try:
                 return self.inner.handle_request(request)
             except self.retry_on:
-                if attempt >= self.retries or not _replayable(request):
+                if not self._may_resend(request, attempt):
                     raise
             attempt += 1
             if self.backoff_s:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(self._backoff_s(attempt))
 
     def close(self) -> None:
         self.inner.close()

@@ -147,14 +147,21 @@ class Stage:
         _OPEN.set(_Entry(self, span, token, _thread_time(), _OPEN.get()))
         return span
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def _pop(self) -> _Entry | None:
+        """This stage's open entry, taken off the stack; None (reported) if it is not on top."""
         entry = _OPEN.get()
         if entry is None or entry.owner is not self:
             _guard.report(
                 f"stage({self.name!r}) exit", RuntimeError("exit without a matching enter")
             )
-            return
+            return None
         _OPEN.set(entry.prev)
+        return entry
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        entry = self._pop()
+        if entry is None:
+            return
         cpu = _thread_time() - entry.cpu0 if entry.tid == threading.get_ident() else None
         self._finish(entry.span, entry.token, exc, cpu)
 
@@ -164,13 +171,9 @@ class Stage:
         return span
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entry = _OPEN.get()
-        if entry is None or entry.owner is not self:
-            _guard.report(
-                f"stage({self.name!r}) exit", RuntimeError("exit without a matching enter")
-            )
+        entry = self._pop()
+        if entry is None:
             return
-        _OPEN.set(entry.prev)
         self._finish(entry.span, entry.token, exc, None)
 
     # --- decorator -----------------------------------------------------------------

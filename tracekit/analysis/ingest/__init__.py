@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,28 +52,16 @@ def ingest_paths(
         if not Path(raw).exists():
             raise IngestError(str(raw), "no such file or directory")
     files = list(detect.expand(list(paths)))
-    log = ProblemLog(strict=strict)
-    reader = _Reader(store, log)
-    report = IngestReport(files=len(files))
-    staging.create(store)
-    try:
+
+    def read(reader: _Reader) -> None:
         with _progress(files, enabled=progress) as advance:
             for file_no, item in enumerate(files):
                 reader.read_file(item, file_no)
                 advance(item)
-        reader.flush()
-        staging.finalize(
-            store,
-            log,
-            report,
-            version=version,
-            file_names={i: f.display for i, f in enumerate(files)},
-            file_spans=reader.file_spans,
-        )
-    finally:
-        staging.run(store, staging.sql("drop_stage"))
-    report.seconds = time.perf_counter() - started
-    return report
+
+    return _stage_and_store(
+        store, read, [f.display for f in files], version=version, strict=strict, started=started
+    )
 
 
 def ingest_jaeger(
@@ -91,27 +79,51 @@ def ingest_jaeger(
 
     started = time.perf_counter()
     responses = jaeger_api.fetch_traces(url, service, since=since, limit=limit)
+
+    def read(reader: _Reader) -> None:
+        try:
+            for file_no, response in enumerate(responses):
+                origin = Origin(response.source, file_no, reader.log)
+                reader.log.current_file = response.source
+                for line, doc in detect.iter_documents(response.text):
+                    reader.dispatch(doc, origin, line, whole_file=None)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{url}", f"Jaeger answered with invalid JSON: {exc}") from exc
+
+    return _stage_and_store(
+        store, read, [r.source for r in responses], version=version, strict=strict, started=started
+    )
+
+
+def _stage_and_store(
+    store: Store,
+    read: Callable[[_Reader], None],
+    names: list[str],
+    *,
+    version: str | None,
+    strict: bool,
+    started: float,
+) -> IngestReport:
+    """Run ``read`` over a fresh stage, move what it staged into ``spans``, report.
+
+    ``names`` are the inputs by number, as problems and the report name them; the stage
+    is dropped whatever happens, and ``report.seconds`` counts from ``started``.
+    """
     log = ProblemLog(strict=strict)
     reader = _Reader(store, log)
-    report = IngestReport(files=len(responses))
+    report = IngestReport(files=len(names))
     staging.create(store)
     try:
-        for file_no, response in enumerate(responses):
-            origin = Origin(response.source, file_no, log)
-            log.current_file = response.source
-            for line, doc in detect.iter_documents(response.text):
-                reader.dispatch(doc, origin, line, whole_file=None)
+        read(reader)
         reader.flush()
         staging.finalize(
             store,
             log,
             report,
             version=version,
-            file_names={i: r.source for i, r in enumerate(responses)},
+            file_names=dict(enumerate(names)),
             file_spans=reader.file_spans,
         )
-    except json.JSONDecodeError as exc:
-        raise IngestError(f"{url}", f"Jaeger answered with invalid JSON: {exc}") from exc
     finally:
         staging.run(store, staging.sql("drop_stage"))
     report.seconds = time.perf_counter() - started
