@@ -65,6 +65,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tracekit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # A database error is an input problem (a damaged or foreign store), never a
+        # verdict: exit 1 would read as "the gate failed" in CI.
+        import duckdb
+
+        if not isinstance(exc, duckdb.Error):
+            raise
+        print(
+            f"tracekit {args.command}: error: the store {getattr(args, 'db', '')} could not be "
+            f"read ({type(exc).__name__}: {str(exc).splitlines()[0]}); re-create it with "
+            "`tracekit ingest`",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

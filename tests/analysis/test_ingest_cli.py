@@ -81,3 +81,14 @@ def test_warnings_do_not_fail_the_ingest(tmp_path: Path, capsys) -> None:
     assert main(["ingest", str(path), "--db", str(tmp_path / "t.duckdb")]) == 0
     captured = capsys.readouterr()
     assert "problems: 1 orphan" in captured.out and "warning:" in captured.err
+
+
+def test_version_label_that_cannot_apply_is_a_warning_naming_the_real_labels(
+    tmp_path: Path, capsys
+) -> None:
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(_otlp_line("c" * 32, "3" * 16, version="v7") + "\n")
+    db = tmp_path / "t.duckdb"
+    assert main(["ingest", str(path), "--db", str(db), "--version", "baseline"]) == 0
+    err = capsys.readouterr().err
+    assert "--version baseline was not applied" in err and "v7" in err

@@ -127,3 +127,17 @@ def test_since_parsing() -> None:
     assert parse_since("1h30m").total_seconds() == 5400
     with pytest.raises(ConfigError):
         parse_since("yesterday")
+
+
+def test_a_pull_that_hits_the_limit_says_older_traces_were_left_out(
+    jaeger, tmp_path, capsys
+) -> None:
+    from tracekit.cli import main
+
+    url, _state = jaeger
+    db = tmp_path / "t.duckdb"
+    argv = ["ingest", "--jaeger", url, "--service", "frontend", "--limit", "1", "--db", str(db)]
+    assert main(argv) == 0
+    assert "pulled --limit 1 traces" in capsys.readouterr().err
+    assert main([*argv[:-4], "--limit", "50", "--db", str(db)]) == 0
+    assert "--limit" not in capsys.readouterr().err

@@ -19,6 +19,9 @@ import httpx
 
 from tracekit.errors import ConfigError, IngestError
 
+DEFAULT_LIMIT = 5000
+"""Traces pulled per ingest unless --limit says otherwise: a release comparison needs
+hundreds of requests per release (p99 needs about a thousand), not a UI page's 20."""
 V3_PATH = "/api/v3/traces"
 LEGACY_PATH = "/api/traces"
 _SINCE = re.compile(r"(\d+)\s*(s|m|h|d)")
@@ -56,7 +59,7 @@ def fetch_traces(
     service: str,
     *,
     since: str = "1h",
-    limit: int = 100,
+    limit: int = DEFAULT_LIMIT,
     now: datetime | None = None,
     timeout: float = 30.0,
     transport: httpx.BaseTransport | None = None,

@@ -156,6 +156,20 @@ def open_store(path: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Sto
         raise QueryError(f"cannot open store {p}: {exc}") from exc
     if not read_only:
         con.execute(schema_sql()).fetchall()
+        return Store(con, p)
+    tables = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+        ).fetchall()
+    }
+    missing = sorted({"spans", "requests", "request_stages"} - tables)
+    if missing:
+        con.close()
+        raise QueryError(
+            f"{p} is not a tracekit store (no table {', '.join(missing)}): "
+            f"run `tracekit ingest FILE --db {p}` first, or pass the store with --db"
+        )
     return Store(con, p)
 
 

@@ -27,6 +27,8 @@ examples:
 
 
 def register(sub: Any) -> None:
+    from tracekit.analysis.jaeger_api import DEFAULT_LIMIT
+
     parser = add_command(
         sub, "ingest", help="read OTLP/Jaeger traces into the store", description=DESCRIPTION
     )
@@ -47,7 +49,9 @@ def register(sub: Any) -> None:
     )
     jaeger.add_argument("--service", metavar="NAME", help="service whose traces to pull")
     jaeger.add_argument("--since", default="1h", help="how far back: 30m, 1h, 2d")
-    jaeger.add_argument("--limit", type=int, default=100, metavar="N", help="at most N traces")
+    jaeger.add_argument(
+        "--limit", type=int, default=DEFAULT_LIMIT, metavar="N", help="at most N traces"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -94,6 +98,20 @@ def run(args: argparse.Namespace) -> int:
     for kind, problem in first.items():
         more = f" (and {count[kind] - 1:,} more like it)" if count[kind] > 1 else ""
         print(f"warning: {kind}: {problem.where}: {problem.reason}{more}", file=sys.stderr)
+    if args.release and report.releases and args.release not in report.releases:
+        # --version only labels spans without service.version; say so before a later
+        # `--before LABEL` fails with "no requests for release".
+        print(
+            f"warning: --version {args.release} was not applied: these spans carry "
+            f"service.version ({', '.join(report.releases)}); select them by those labels",
+            file=sys.stderr,
+        )
+    if args.jaeger and report.traces >= args.limit:
+        print(
+            f"warning: pulled --limit {args.limit:,} traces, so older ones in the --since window "
+            "were left out; raise --limit or narrow --since to compare whole releases",
+            file=sys.stderr,
+        )
     line = report.summary_line() + f" ({report.seconds:.2f} s)"
     line += f"; {requests:,} requests attributed"
     print(line)

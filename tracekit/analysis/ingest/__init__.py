@@ -70,7 +70,7 @@ def ingest_jaeger(
     service: str,
     *,
     since: str = "1h",
-    limit: int = 100,
+    limit: int | None = None,
     version: str | None = None,
     strict: bool = False,
 ) -> IngestReport:
@@ -78,7 +78,9 @@ def ingest_jaeger(
     from tracekit.analysis import jaeger_api
 
     started = time.perf_counter()
-    responses = jaeger_api.fetch_traces(url, service, since=since, limit=limit)
+    responses = jaeger_api.fetch_traces(
+        url, service, since=since, limit=jaeger_api.DEFAULT_LIMIT if limit is None else limit
+    )
 
     def read(reader: _Reader) -> None:
         try:
