@@ -48,7 +48,9 @@ INFLIGHT: Final = "tracekit.inflight"
 QUEUE_DEPTH: Final = "tracekit.queue.depth"
 """Batch-queue length when this request arrived."""
 CPU_UTILIZATION: Final = "tracekit.cpu.utilization"
-"""Process CPU use, 0..1 of the cores it may use, over a recent window."""
+"""Process CPU use over a recent window: 0..1 of the cores it may use (affinity, cgroup
+quota), or of its stated CPU request (``TRACEKIT_CPU_REQUEST``), which like a Kubernetes
+HPA's utilisation can exceed 1 when the pod bursts above its request."""
 GPU_UTILIZATION: Final = "tracekit.gpu.utilization"
 """GPU busy fraction 0..1 over a recent window (absent without a GPU)."""
 
@@ -114,8 +116,12 @@ DEFAULT_TIME_KIND: Final[dict[str, str]] = {
     MODEL_EXECUTE: COMPUTE,
     POSTPROCESS: COMPUTE,
     DOWNSTREAM: WAIT,
+    # Time on the path in no stage carries no evidence of computing; in an async server
+    # it is mostly the event loop or the framework between stages.
+    UNATTRIBUTED: WAIT,
 }
-"""Default ``time_kind`` per built-in stage; user stages default to ``compute``."""
+"""Default ``time_kind`` per built-in stage (and ``unattributed``); user stages default
+to ``compute``."""
 
 # --- gpu sync modes ---------------------------------------------------------------
 SYNC_EVENT: Final = "event"

@@ -133,6 +133,72 @@ def test_downstream_services_spans_inherit_the_downstream_stage(store: Store) ->
     assert stage_ms(store, r.trace_id) == {cv.DOWNSTREAM: 100}
 
 
+def test_instrumented_dependencys_own_stages_count_as_downstream(store: Store) -> None:
+    # The embedder runs tracekit too: its model_execute is the ranker's dependency time,
+    # not the ranker's model time.
+    b = TraceBuilder(seed=14)
+    r = b.request(duration_ms=100)
+    r.stage(cv.PREPROCESS, start_ms=0, duration_ms=10, cpu_ms=9)
+    call = r.stage(cv.DOWNSTREAM, start_ms=10, duration_ms=90, name="POST /embed")
+    server = r.span(
+        "POST /embed", start_ms=12, duration_ms=86, kind="SERVER", parent=call, service="embedder"
+    )
+    r.stage(
+        cv.MODEL_EXECUTE,
+        start_ms=20,
+        duration_ms=70,
+        cpu_ms=5,
+        gpu_ms=60,
+        parent=server,
+        service="embedder",
+    )
+    r.stage(cv.PREPROCESS, start_ms=14, duration_ms=5, cpu_ms=4, parent=server, service="embedder")
+    b.load(store)
+    assert stage_ms(store, r.trace_id) == {cv.PREPROCESS: 10, cv.DOWNSTREAM: 90}
+    stages = {s for (s,) in store.con.execute("SELECT stage FROM request_stages").fetchall()}
+    assert cv.MODEL_EXECUTE not in stages
+    down = stage_row(store, r.trace_id, cv.DOWNSTREAM)
+    assert down["time_kind"] == cv.WAIT and down["wall_ns"] == 90 * MS
+    assert down["cpu_time_ns"] is None and down["gpu_time_ns"] is None
+    pre = stage_row(store, r.trace_id, cv.PREPROCESS)
+    assert pre["wall_ns"] == 10 * MS and pre["cpu_time_ns"] == 9 * MS  # not the embedder's
+
+
+def test_another_services_stages_outside_a_downstream_call_keep_their_stage(
+    store: Store,
+) -> None:
+    # A gateway's request span above the ranker: the ranker's stages are the request's.
+    b = TraceBuilder(seed=15)
+    r = b.request(duration_ms=100, service="gateway")
+    server = r.span("POST /predict", start_ms=0, duration_ms=100, kind="SERVER", service="ranker")
+    r.stage(cv.MODEL_EXECUTE, start_ms=10, duration_ms=80, parent=server, service="ranker")
+    b.load(store)
+    assert stage_ms(store, r.trace_id) == {cv.UNATTRIBUTED: 20, cv.MODEL_EXECUTE: 80}
+
+
+def test_nested_same_stage_span_adds_no_cpu_time(store: Store) -> None:
+    b = TraceBuilder(seed=16)
+    r = b.request(duration_ms=20)
+    outer = r.stage(cv.PREPROCESS, start_ms=0, duration_ms=10, cpu_ms=9, gpu_ms=2)
+    r.stage(cv.PREPROCESS, start_ms=2, duration_ms=6, cpu_ms=5, gpu_ms=1, parent=outer)
+    # preprocess again inside another stage: still inside the outer preprocess's thread
+    model = r.stage(cv.MODEL_EXECUTE, start_ms=8, duration_ms=2, parent=outer)
+    r.stage(cv.PREPROCESS, start_ms=8, duration_ms=1, cpu_ms=1, parent=model)
+    b.load(store)
+    pre = stage_row(store, r.trace_id, cv.PREPROCESS)
+    assert pre["wall_ns"] == 10 * MS
+    assert pre["cpu_time_ns"] == 9 * MS and pre["gpu_time_ns"] == 2 * MS
+
+
+def test_unattributed_time_reads_wait_not_compute(store: Store) -> None:
+    b = TraceBuilder(seed=17)
+    r = b.request(duration_ms=30)
+    r.stage(cv.PREPROCESS, start_ms=0, duration_ms=10)
+    b.load(store)
+    row = stage_row(store, r.trace_id, cv.UNATTRIBUTED)
+    assert row["critical_ns"] == 20 * MS and row["time_kind"] == cv.WAIT
+
+
 def test_nested_stage_span_takes_its_own_stage(store: Store) -> None:
     b = TraceBuilder(seed=5)
     r = b.request(duration_ms=50)

@@ -130,7 +130,7 @@ def test_plain_sdk_trace_gets_fallback_stages(store: Store, sdk_spans: list[Read
         cv.DOWNSTREAM: (cv.WAIT, 55.0),  # the db span 15 + the call 40, callee included
         "validate order {id}": (cv.COMPUTE, 10.0),  # ids masked so names group
         "render": (cv.COMPUTE, 10.0),
-        cv.UNATTRIBUTED: (cv.COMPUTE, 5.0),
+        cv.UNATTRIBUTED: (cv.WAIT, 5.0),  # time in no stage: no evidence of computing
     }
     (route,) = store.con.execute("SELECT route FROM requests").fetchone()
     assert route == "/orders/{id}"

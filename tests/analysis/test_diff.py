@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
+from tracekit.analysis import counterfactual as cf
 from tracekit.analysis.diff import compute_diff
 from tracekit.analysis.release import ReleaseData, order_stages
 from tracekit.render.diff import render_json, render_markdown, render_table
@@ -68,9 +69,7 @@ def release(
         stage_wall_ms=crit.copy(),
         stage_cpu_ms=cpu_ms,
         stage_gpu_ms=np.full((n, len(names)), np.nan),
-        time_kinds={
-            s: cv.default_time_kind(s) if s != cv.UNATTRIBUTED else cv.COMPUTE for s in names
-        },
+        time_kinds={s: cv.default_time_kind(s) for s in names},  # what refresh stores
         instance_ids=np.array(["ranker-0"] * n, dtype=object),
         inflight=np.full(n, np.nan),
         queue_depth=np.full(n, np.nan),
@@ -120,7 +119,23 @@ def test_unattributed_growth_is_primary_unattributed() -> None:
     a[cv.UNATTRIBUTED] = rng.uniform(0.5, 1.5, N) + rng.exponential(25.0, N)
     result = compute_diff(release("v1", b), release("v2", a), seed=3)
     assert result.verdict.primary_stage == cv.UNATTRIBUTED
-    assert "uninstrumented" in result.verdict.summary
+    assert result.verdict.kind == cv.WAIT
+    by_name = {s.name: s for s in result.stages}
+    assert by_name[cv.UNATTRIBUTED].time_kind == cv.WAIT
+    assert not by_name[cv.UNATTRIBUTED].hidden_wait
+    summary = result.verdict.summary
+    assert "of it is unattributed time (in no stage)" in summary
+    assert "add a tracekit.stage around it" in summary
+    assert "compute" not in summary and "unattributed wait" not in summary
+
+
+def test_unattributed_kind_defaults_to_wait_when_no_release_declares_it() -> None:
+    rng = np.random.default_rng(4)
+    b, a = draw(rng), draw(rng)
+    a[cv.UNATTRIBUTED] = rng.exponential(25.0, N)
+    before, after = release("v1", b), release("v2", a)
+    after.time_kinds.pop(cv.UNATTRIBUTED)
+    assert cf.declared_kind(before, after, cv.UNATTRIBUTED) == cv.WAIT
 
 
 def _model_cpu(

@@ -121,3 +121,24 @@ def test_cli_explain_formats_and_errors(
     err = capsys.readouterr().err
     assert err.startswith("tracekit explain: error: no trace ffffffffff") and err.count("\n") == 1
     assert main(["explain", example, "--db", str(Path(db).with_name("missing.duckdb"))]) == 2
+
+
+def test_a_called_services_own_stage_counts_as_downstream_and_keeps_its_label(
+    store: Store,
+) -> None:
+    b = TraceBuilder(seed=21)
+    r = b.request(duration_ms=100)
+    call = r.stage(cv.DOWNSTREAM, start_ms=10, duration_ms=90, name="POST /embed")
+    server = r.span(
+        "POST /embed", start_ms=12, duration_ms=86, kind="SERVER", parent=call, service="embedder"
+    )
+    r.stage(cv.MODEL_EXECUTE, start_ms=20, duration_ms=70, parent=server, service="embedder")
+    b.load(store)
+    e = explain_trace(store, r.trace_id)
+    assert {s.stage: s.critical_ms for s in e.stages} == {cv.UNATTRIBUTED: 10, cv.DOWNSTREAM: 90}
+    model = next(s for s in e.spans if s.name == cv.MODEL_EXECUTE)
+    assert model.stage == cv.DOWNSTREAM and model.own_stage == cv.MODEL_EXECUTE
+    assert model.time_kind == cv.WAIT
+    assert all(s.own_stage is None for s in e.spans if s is not model)
+    assert "downstream (model_execute)" in render_table(e)
+    assert json.loads(render_json(e))["spans"][-1]["own_stage"] == cv.MODEL_EXECUTE

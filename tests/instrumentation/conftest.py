@@ -49,7 +49,10 @@ def serve(app: Any) -> Iterator[str]:
     """Run ``app`` on a real uvicorn server on 127.0.0.1 (free port); yields its base URL."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY on accepted connections only
+    # when the listener's proto says TCP, and without it every response waits ~40 ms
+    # for a delayed ACK (Nagle), which would swamp any latency a test compares.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

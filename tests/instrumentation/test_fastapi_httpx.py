@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import defaultdict
 
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import tracekit
@@ -254,3 +256,36 @@ def test_instrument_rejects_non_apps(bad):
         tracekit.instrument_fastapi(bad)
     with pytest.raises(ConfigError):
         tracekit.instrument_httpx(bad)
+
+
+def test_a_request_after_shutdown_starts_no_sampler_thread():
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    tracekit.instrument_fastapi(app, sample_interval_s=0.02)  # starts the sampler
+    assert sampler.current() is not None
+    tracekit.shutdown()
+    assert sampler.current() is None
+    # configured again (as a test suite or a reload does): the request span records,
+    # so the request hook runs in full
+    exporter = InMemorySpanExporter()  # shutdown() closed the fixture's
+    tracekit.configure(service_name="test-svc", exporter=exporter)
+    threads = threading.active_count()
+
+    async def requests() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            return [await client.get("/ping") for _ in range(3)]
+
+    responses = asyncio.run(requests())
+    assert [r.json() for r in responses] == [{"ok": True}] * 3
+    assert sampler.current() is None
+    assert threading.active_count() <= threads
+    tracekit.shutdown()
+    servers = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert len(servers) == 3
+    assert all(c.INFLIGHT in s.attributes for s in servers)
+    assert all(c.CPU_UTILIZATION not in s.attributes for s in servers)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import statistics
+import threading
+import time
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -193,3 +198,123 @@ def test_dead_endpoint_drops_are_counted_and_logged_once(caplog):
 def test_shutdown_without_configure_is_harmless():
     tracekit.shutdown()
     tracekit.shutdown()
+
+
+@pytest.mark.parametrize(
+    "argument, env, url",
+    [
+        (None, {}, "http://localhost:4318/v1/traces"),
+        ("http://collector:4318", {}, "http://collector:4318/v1/traces"),
+        ("http://collector:4318/", {}, "http://collector:4318/v1/traces"),
+        ("http://collector:4318/otlp", {}, "http://collector:4318/otlp/v1/traces"),
+        ("http://collector:4318/otlp/", {}, "http://collector:4318/otlp/v1/traces"),
+        ("https://collector/a/b", {}, "https://collector/a/b/v1/traces"),
+        (
+            None,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/otlp"},
+            "http://c:4318/otlp/v1/traces",
+        ),
+        (
+            None,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/otlp/"},
+            "http://c:4318/otlp/v1/traces",
+        ),
+        (
+            None,
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/custom"},
+            "http://c:4318/custom",
+        ),
+        (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/"}, "http://c:4318/"),
+        (
+            None,
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://base:4318",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://signal:4318/x/traces",
+            },
+            "http://signal:4318/x/traces",
+        ),
+        (
+            "http://arg:4318/otlp",
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://signal:4318/x/traces"},
+            "http://arg:4318/otlp/v1/traces",
+        ),
+    ],
+)
+def test_otlp_http_url_follows_the_spec(monkeypatch, argument, env, url):
+    """A base endpoint always gets v1/traces appended to its path; the signal variable is as is."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    tracekit.configure(service_name="a", exporter="otlp-http", endpoint=argument)
+    (pipeline,) = setup._STATE.pipelines
+    assert pipeline.target == f"OTLP/HTTP {url}"
+    assert setup._http_endpoint(argument) == url
+
+
+def test_bad_signal_endpoint_names_the_variable(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318/v1/traces")
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        tracekit.configure(service_name="a", exporter="otlp")
+
+
+def _busy_app() -> FastAPI:
+    """Twenty stage spans per request, so the exporter has plenty to (fail to) send."""
+    app = FastAPI()
+
+    @app.get("/work/{i}")
+    async def work(i: int) -> dict[str, int]:
+        for name in (c.FEATURE_RETRIEVAL, c.PREPROCESS, c.MODEL_EXECUTE, c.POSTPROCESS) * 5:
+            with tracekit.stage(name):
+                pass
+        return {"i": i}
+
+    tracekit.instrument_fastapi(app)
+    return app
+
+
+def _median_latency_s(url: str, n: int) -> float:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        client.get("/work/0").raise_for_status()  # connect and warm up outside the sample
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            client.get(f"/work/{i}").raise_for_status()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bounded_shutdown() -> None:
+    done = threading.Thread(target=tracekit.shutdown, kwargs={"timeout_s": 1.0}, daemon=True)
+    done.start()
+    done.join(timeout=30)  # a hang detector, far above the 1 s asked for
+    assert not done.is_alive(), "tracekit.shutdown() hung with the endpoint down"
+
+
+def test_requests_keep_their_latency_with_the_otlp_endpoint_down(monkeypatch, tmp_path, serve_app):
+    """Must hold (issue 2): a dead collector costs requests nothing.
+
+    The same app on a real uvicorn server, first exporting to a file, then to an OTLP
+    endpoint where nothing listens; the batch processor exports every 10 ms, so the
+    exporter is failing (and its queue overflowing) while the requests run. Medians of
+    sequential requests are compared, generously, since the box is noisy.
+    """
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    with socket.socket() as s:  # a port that was free a moment ago: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n = 200
+    medians: dict[str, float] = {}
+    dropped = 0
+    for variant, kwargs in (
+        ("file", {"exporter": "file", "path": tmp_path / "baseline.jsonl"}),
+        ("down", {"exporter": "otlp", "endpoint": f"http://127.0.0.1:{port}"}),
+    ):
+        tracekit.configure(service_name="latency", **kwargs)
+        (pipeline,) = setup._STATE.pipelines
+        try:
+            with serve_app(_busy_app()) as url:
+                medians[variant] = _median_latency_s(url, n)
+        finally:
+            _bounded_shutdown()
+        dropped = pipeline.dropped
+    assert dropped > 0  # the endpoint really was down while the requests ran
+    assert medians["down"] < 3 * medians["file"] + 0.005, medians

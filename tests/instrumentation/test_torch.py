@@ -155,3 +155,21 @@ def test_bad_sync_mode_and_module():
         tracekit.model_execution(sync="cuda")
     with pytest.raises(ConfigError, match="forward"):
         tracekit.instrument_model(object())
+
+
+def test_async_device_sync_waits_off_the_event_loop_on_entry_too(spans, cuda):
+    async def main() -> int:
+        async with tracekit.model_execution(sync="device"):
+            cuda.calls.append("work")
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert cuda.calls == [
+        "device.synchronize",
+        "event.record",
+        "work",
+        "event.record",
+        "device.synchronize",
+    ]
+    assert len(cuda.threads) == 2 and loop_thread not in cuda.threads
+    assert spans.named(c.MODEL_EXECUTE)[0].attributes[c.GPU_SYNC] == c.SYNC_DEVICE

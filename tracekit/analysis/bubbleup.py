@@ -7,6 +7,14 @@ the entry service's ``host.name`` and ``service.instance.id``. A value's *slow s
 is the weighted fraction of slow traces that carry it; *rest share* the same over the
 rest. Values are ranked by ``slow_share − rest_share``.
 
+A value is listed only when it occurs in at least :data:`MIN_SLOW_COUNT` slow traces,
+its share difference is at least :data:`MIN_SHARE_DIFFERENCE`, and the difference is
+significant: a one-sided Fisher exact test (hypergeometric tail, computed in log space)
+of "slow traces carry it more often than the rest" at p < :data:`MAX_P_VALUE`. The test
+counts traces: the weighted shares times the traces actually seen in each cohort, so a
+26% vs 20% difference over 8 slow traces (chance) is not listed, while 60% vs 0% over
+20 is. The test runs only on the few rows that pass the cheap thresholds.
+
 One SQL aggregation does the work (``json_each`` over the attributes JSON, one
 DISTINCT per trace, one GROUP BY). Parsing the JSON is the cost, so when the rest holds
 more than :data:`MAX_REST_TRACES` traces a deterministic hash sample of it (every slow
@@ -20,6 +28,7 @@ nanosecond measurements, and the request-level load signals (autoscale's busines
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tracekit import conventions as cv
@@ -30,6 +39,8 @@ MAX_CARDINALITY = 50
 MIN_SLOW_COUNT = 3
 """A value must occur in at least this many slow traces to be ranked."""
 MIN_SHARE_DIFFERENCE = 0.05
+MAX_P_VALUE = 0.05
+"""One-sided significance level of the slow-vs-rest test a listed value must pass."""
 TOP = 10
 MAX_REST_TRACES = 20_000
 _HASH_BUCKETS = 1_000_000
@@ -103,7 +114,7 @@ _TOTALS_SQL = (
     _REQ_CTE
     + """
 SELECT coalesce(sum(w) FILTER (WHERE slow), 0), coalesce(sum(w) FILTER (WHERE NOT slow), 0),
-       count(*) FILTER (WHERE NOT slow)
+       count(*) FILTER (WHERE NOT slow), count(*) FILTER (WHERE slow)
 FROM req
 """
 )
@@ -153,6 +164,7 @@ def rank_attributes(
         if totals is None:
             return []
     slow_total, rest_total = float(totals[0]), float(totals[1])
+    rest_traces, slow_traces = int(totals[2]), int(totals[3])
     rows = store.con.execute(
         _SQL,
         {
@@ -164,7 +176,9 @@ def rank_attributes(
             "max_cardinality": MAX_CARDINALITY,
         },
     ).fetchall()
-    return rank_rows(rows, slow_total, rest_total, top=top)
+    return rank_rows(
+        rows, slow_total, rest_total, slow_traces=slow_traces, rest_traces=rest_traces, top=top
+    )
 
 
 def rank_rows(
@@ -172,14 +186,27 @@ def rank_rows(
     slow_total: float,
     rest_total: float,
     *,
+    slow_traces: int | None = None,
+    rest_traces: int | None = None,
     top: int = TOP,
 ) -> list[AttributeLift]:
-    """Rank aggregated (attribute, value, slow_w, rest_w, slow_n, rest_n) rows."""
+    """Rank aggregated (attribute, value, slow_w, rest_w, slow_n, rest_n) rows.
+
+    ``slow_traces``/``rest_traces``: traces (not weighted) in each cohort, for the
+    significance test; default the weighted totals (right when every weight is 1).
+    """
+    n_slow = round(slow_total) if slow_traces is None else slow_traces
+    n_rest = round(rest_total) if rest_traces is None else rest_traces
     out = []
     for attribute, value, slow_w, rest_w, slow_n, rest_n in rows:
         slow_share = float(slow_w) / slow_total
         rest_share = float(rest_w) / rest_total if rest_total > 0 else 0.0
         if int(slow_n) < MIN_SLOW_COUNT or slow_share - rest_share < MIN_SHARE_DIFFERENCE:
+            continue
+        p = enrichment_p_value(
+            round(slow_share * n_slow), n_slow, round(rest_share * n_rest), n_rest
+        )
+        if p >= MAX_P_VALUE:
             continue
         lift = slow_share / rest_share if rest_share > 0 else float("inf")
         out.append(
@@ -195,3 +222,28 @@ def rank_rows(
         )
     out.sort(key=lambda a: (-(a.slow_share - a.rest_share), -a.slow_count, a.attribute, a.value))
     return out[:top]
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def enrichment_p_value(slow_with: int, slow_n: int, rest_with: int, rest_n: int) -> float:
+    """One-sided Fisher exact p-value that slow traces carry a value more often than the
+    rest: P(X ≥ slow_with) for X hypergeometric (all traces, those with the value, slow
+    traces drawn). Summed in log space, so 20,000-trace cohorts cost no big integers."""
+    total, having = slow_n + rest_n, slow_with + rest_with
+    if slow_n <= 0 or rest_n <= 0 or slow_with <= 0:
+        return 1.0
+    hi = min(slow_n, having)
+    log_denominator = _log_comb(total, slow_n)
+    p = 0.0
+    for k in range(slow_with, hi + 1):
+        term = math.exp(
+            _log_comb(having, k) + _log_comb(total - having, slow_n - k) - log_denominator
+        )
+        p += term
+        # Past the mode the terms only shrink: stop once they no longer matter.
+        if term < 1e-12 * p:
+            break
+    return min(p, 1.0)

@@ -210,9 +210,11 @@ def is_hidden_wait(time_kind: str, before: StageEvidence, after: StageEvidence) 
 
 
 def declared_kind(before: ReleaseData | None, after: ReleaseData, stage: str) -> str:
-    """The stage's declared time kind (the after group's, else the before's, else default)."""
+    """The stage's declared time kind (the after group's, else the before's, else the
+    default of :func:`tracekit.conventions.default_time_kind`, which is what
+    refresh stores: ``unattributed`` is ``wait``)."""
     if stage in after.time_kinds:
         return after.time_kinds[stage]
     if before is not None and stage in before.time_kinds:
         return before.time_kinds[stage]
-    return cv.WAIT if stage == cv.UNATTRIBUTED else cv.default_time_kind(stage)
+    return cv.default_time_kind(stage)

@@ -11,6 +11,14 @@ into it, and charge the gaps between children on the path to the parent. Childre
 overflowing their parent (clock skew between hosts) are clipped to it first; children
 entirely outside are ignored with their subtrees. The path partitions the root's
 interval exactly, so stage times add up to the request's duration in integer ns.
+
+Stages: a span without ``tracekit.stage`` inherits its nearest staged ancestor's. Once
+a span is ``downstream`` its whole subtree is too, the called service's own stage spans
+included (they are the dependency's model_execute, not this request's); a span of
+another service that is not under a downstream span (behind a gateway, say) keeps its
+own stage. A stage's wall, CPU and GPU time come from its top-level spans only (those
+with no ancestor of the same stage). Path time in no stage is ``unattributed`` and
+reads ``wait`` (:func:`tracekit.conventions.default_time_kind`).
 """
 
 from __future__ import annotations
@@ -83,7 +91,8 @@ class TraceAnalysis:
     duration_ns: int
     stages: list[StageTotal]
     effective_stage: list[str | None]
-    """Per span: its own stage, else its nearest staged ancestor's (None: no stage)."""
+    """Per span: its own stage, else its nearest staged ancestor's (None: no stage);
+    under a ``downstream`` span always ``downstream``, whatever the span's own stage."""
     clipped_start: list[int | None]
     """Per span: start clipped into its parent; None for spans outside the walked tree."""
     clipped_end: list[int | None]
@@ -187,6 +196,11 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
     if fallback:
         own = list(own)
     eff: list[str | None] = [None] * n
+    # top[i]: span i opens a top-level interval of its stage (no ancestor has the same
+    # effective stage); only these count toward the stage's wall, CPU and GPU time.
+    # src[i]: the top-level span span i's effective stage comes from.
+    top = [False] * n
+    src: list[int | None] = [None] * n
     cs: list[int | None] = [None] * n
     ce: list[int | None] = [None] * n
     depth = [0] * n
@@ -200,6 +214,8 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
     intervals: dict[str, list[tuple[int, int]]] = {}
     if own[root] is not None:
         intervals[own[root]] = [(rs, re_)]  # type: ignore[index]
+        top[root] = True
+        src[root] = root
     order = [root]
     sorted_kids: dict[int, list[int]] = {}
     for p in order:
@@ -226,11 +242,17 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
             if fallback:
                 own[c] = _fallback_stage(t, c, p == root, root_service)
             stage = own[c]
-            if stage is None:
+            if stage is None or stage == eff_p or eff_p == cv.DOWNSTREAM:
+                # Inside a downstream call everything is the dependency's time, its own
+                # stages included (a tracekit-instrumented dependency has its own
+                # model_execute): it is not this request's model_execute.
                 eff[c] = eff_p
+                src[c] = src[p]
             else:
                 eff[c] = stage
-                if stage != eff_p:
+                src[c] = c
+                if not _has_staged_ancestor(stage, src[p], eff, tree_parent, src):
+                    top[c] = True
                     intervals.setdefault(stage, []).append((s, e))
             order.append(c)
             kept.append((-e, s, c))
@@ -240,7 +262,7 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
 
     crit = [0] * n
     segments = _walk(root, sorted_kids, cs, ce, crit)
-    stages = _stage_totals(t, order, own, eff, crit, intervals)
+    stages = _stage_totals(t, order, top, eff, crit, intervals)
     return TraceAnalysis(
         root=root,
         start_ns=rs,
@@ -259,6 +281,26 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
         orphans_dropped=dropped,
         fallback=fallback,
     )
+
+
+def _has_staged_ancestor(
+    stage: str,
+    j: int | None,
+    eff: list[str | None],
+    tree_parent: list[int | None],
+    src: list[int | None],
+) -> bool:
+    """Whether the top-level span ``j`` or one it sits under has effective ``stage``.
+
+    Walks only the chain of stage-opening spans (a few per trace), so preprocess inside
+    model_execute inside preprocess is still the outer preprocess's time.
+    """
+    while j is not None:
+        if eff[j] == stage:
+            return True
+        p = tree_parent[j]
+        j = None if p is None else src[p]
+    return False
 
 
 def _walk(
@@ -314,11 +356,17 @@ def _walk(
 def _stage_totals(
     t: TraceInput,
     order: list[int],
-    own: list[str | None],
+    top: list[bool],
     eff: list[str | None],
     crit: list[int],
     intervals: dict[str, list[tuple[int, int]]],
 ) -> list[StageTotal]:
+    """Per stage: path time from every span, the rest from its top-level spans only.
+
+    Wall time is the union of the top-level intervals, so CPU/GPU time is summed over
+    the same spans: a nested span of the same stage ran inside its parent, whose thread
+    CPU time already contains it.
+    """
     critical: dict[str, int] = {}
     kinds: dict[str, str] = {}
     cpu: dict[str, int] = {}
@@ -329,9 +377,10 @@ def _stage_totals(
         if c:
             stage = eff[i] or cv.UNATTRIBUTED
             critical[stage] = critical.get(stage, 0) + c
-        mine = own[i]
-        if mine is None:
+        if not top[i]:
             continue
+        mine = eff[i]
+        assert mine is not None
         tk = time_kind[i]
         if tk is not None and mine not in kinds and tk in cv.TIME_KINDS:
             kinds[mine] = tk

@@ -43,7 +43,12 @@ class ExplainSpan:
     start_ms: float
     end_ms: float
     stage: str | None
-    """Own ``tracekit.stage`` or the nearest staged ancestor's (None: unattributed)."""
+    """The stage the span's time counts toward: its own ``tracekit.stage``, else the
+    nearest staged ancestor's, and ``downstream`` anywhere under a downstream call
+    (None: unattributed)."""
+    own_stage: str | None
+    """The span's own ``tracekit.stage`` when it differs from ``stage`` (a called
+    service's own model_execute under ``downstream``); None otherwise."""
     time_kind: str | None
     critical_ms: float
     """Time on the critical path charged to this span itself (not to its children)."""
@@ -153,6 +158,7 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
                 start_ms=(cs - t0) / NS_PER_MS,
                 end_ms=(ce - t0) / NS_PER_MS,
                 stage=stage,
+                own_stage=t.stage[i] if t.stage[i] not in (None, stage) else None,
                 time_kind=kinds.get(stage or cv.UNATTRIBUTED),
                 critical_ms=a.critical_ns[i] / NS_PER_MS,
                 path=pieces.get(i, []),

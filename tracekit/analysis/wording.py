@@ -33,8 +33,11 @@ STAGE_PROSE: dict[str, str] = {
     cv.MODEL_EXECUTE: "the model",
     cv.POSTPROCESS: "postprocessing",
     cv.DOWNSTREAM: "a dependency",
-    cv.UNATTRIBUTED: "time in no stage (uninstrumented code)",
+    cv.UNATTRIBUTED: "code outside every stage (add a tracekit.stage around it)",
 }
+UNATTRIBUTED_PHRASE = "unattributed time (in no stage)"
+"""How ``unattributed`` is named in a sentence: never with a kind, since time in no
+stage carries no evidence of being wait or compute (it is stored as ``wait``)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,10 @@ def _ci(lo: float, hi: float) -> str:
 
 
 def kind_phrase(stage: str, kind: str) -> str:
-    """``batch_queue wait``, ``model_execute compute``, ``model_execute hidden wait``."""
+    """``batch_queue wait``, ``model_execute compute``, ``model_execute hidden wait``;
+    ``unattributed time (in no stage)`` whatever its kind."""
+    if stage == cv.UNATTRIBUTED:
+        return UNATTRIBUTED_PHRASE
     return f"{stage} {'hidden wait' if kind == cv.HIDDEN_WAIT else kind}"
 
 

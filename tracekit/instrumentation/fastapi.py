@@ -8,7 +8,9 @@ request arrives:
   by a thin ASGI layer outside everything else;
 - ``tracekit.queue.depth``: requests waiting in this process's batch queues;
 - ``tracekit.cpu.utilization`` / ``tracekit.gpu.utilization``: the latest window of a
-  background sampler (see :mod:`.sampler`), so no request pays a system call for them.
+  background sampler (see :mod:`.sampler`), so no request pays a system call or a
+  lock for them. ``instrument_fastapi()`` and the app's start-up start the sampler; a
+  request only reads it, so after ``tracekit.shutdown()`` none restarts it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from tracekit import conventions as c
@@ -36,11 +38,13 @@ def _on_request(span: Any, scope: dict[str, Any]) -> None:
             c.INFLIGHT: _state.INFLIGHT.value,
             c.QUEUE_DEPTH: _state.queue_depth(),
         }
-        s = sampler.get()
-        if s.cpu is not None:
-            attrs[c.CPU_UTILIZATION] = s.cpu
-        if s.gpu is not None:
-            attrs[c.GPU_UTILIZATION] = s.gpu
+        # current(): no lock, and no thread started here (after shutdown() it stays down)
+        s = sampler.current()
+        if s is not None:
+            if s.cpu is not None:
+                attrs[c.CPU_UTILIZATION] = s.cpu
+            if s.gpu is not None:
+                attrs[c.GPU_UTILIZATION] = s.gpu
         span.set_attributes(attrs)
         # Reset by _InflightCounter when the request ends (same task, same context).
         _state.REQUEST_SPAN.set(span)
@@ -67,12 +71,13 @@ class _InflightCounter:
             _state.INFLIGHT.leave()
 
 
-def _flush_on_shutdown(app: Any) -> None:
-    """Export what is buffered when the app's lifespan ends.
+def _hook_lifespan(app: Any, start_sampler: Callable[[], object]) -> None:
+    """Start the sampler when the app starts; export what is buffered when it ends.
 
-    uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so the process dies
-    from the signal and ``atexit`` handlers never run; the lifespan end is the last
-    reliable moment.
+    Starting at app start-up (too) means a server that forks workers after import
+    still has a sampler thread in each. uvicorn re-raises SIGTERM/SIGINT after its
+    graceful shutdown, so the process dies from the signal and ``atexit`` handlers
+    never run; the lifespan end is the last reliable moment to flush.
     """
     router: Any = getattr(app, "router", None)
     inner = getattr(router, "lifespan_context", None)
@@ -81,6 +86,10 @@ def _flush_on_shutdown(app: Any) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        try:
+            start_sampler()
+        except Exception as exc:
+            _guard.report("sampler start at app start-up", exc)
         async with inner(app_) as state:
             yield state
         try:
@@ -92,13 +101,20 @@ def _flush_on_shutdown(app: Any) -> None:
 
 
 def instrument_fastapi(
-    app: App, *, excluded_urls: str | None = None, sample_interval_s: float = 1.0
+    app: App,
+    *,
+    excluded_urls: str | None = None,
+    sample_interval_s: float = 1.0,
+    cpu_request: float | str | None = None,
 ) -> App:
     """Trace every request of a FastAPI ``app``: one SERVER span with tracekit's load attributes.
 
     Call it once, before the app serves; calling it again does nothing.
     ``excluded_urls`` is a comma-separated list of regexes (health checks, metrics)
-    that get no span. Returns ``app``.
+    that get no span. ``cpu_request`` is the pod's CPU request in cores (``0.5``) or
+    millicores (``"500m"``), default ``TRACEKIT_CPU_REQUEST``: with it,
+    ``tracekit.cpu.utilization`` is CPU use over the request, as an HPA computes it.
+    Returns ``app``.
     """
     try:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -114,6 +130,7 @@ def instrument_fastapi(
         raise ConfigError(
             f"instrument_fastapi(): sample_interval_s must be > 0, got {sample_interval_s!r}"
         )
+    request = sampler.cpu_request(cpu_request)  # a bad value fails here, not at start-up
     use_stable_http_semconv()
     FastAPIInstrumentor.instrument_app(
         app,  # type: ignore[arg-type]
@@ -132,7 +149,8 @@ def instrument_fastapi(
     app.build_middleware_stack = types.MethodType(build_middleware_stack, app)
     if getattr(app, "middleware_stack", None) is not None:
         app.middleware_stack = app.build_middleware_stack()  # type: ignore[attr-defined]
-    _flush_on_shutdown(app)
+    start_sampler = functools.partial(sampler.start, sample_interval_s, request=request)
+    _hook_lifespan(app, start_sampler)
     app._tracekit_instrumented = True  # type: ignore[attr-defined]
-    sampler.get(sample_interval_s)
+    start_sampler()
     return app

@@ -1,28 +1,107 @@
 """Background sampler of process CPU and GPU utilisation for the request span.
 
 One daemon thread wakes every ``interval_s`` and stores two floats; the FastAPI hook
-only reads them, so a request costs no system call for these attributes. CPU is the
-process's CPU time over the window divided by the cores it may run on (0..1). GPU
-utilisation is read only when torch is already imported, CUDA is up and NVML answers
+only reads them, so a request costs no system call and takes no lock for these
+attributes. CPU is the process's CPU time over the window divided by the CPU it is
+granted (see :func:`cpu_capacity`): the CPU request when the user states one
+(``TRACEKIT_CPU_REQUEST`` or ``instrument_fastapi(cpu_request=...)``), as a
+Kubernetes HPA divides by the pod's request; else the cores it may run on, the
+fewer of its affinity mask and its cgroup CPU quota. GPU utilisation is read only
+when torch is already imported, CUDA is up and NVML answers
 (``torch.cuda.utilization``); otherwise it stays ``None`` and the attribute is absent.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 
+ENV_CPU_REQUEST = "TRACEKIT_CPU_REQUEST"
+"""CPU this process is granted, in cores (``0.5``) or millicores (``500m``): the divisor
+of ``tracekit.cpu.utilization``; set it to the pod's CPU request to match an HPA."""
 
-def _cores() -> int:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def parse_cpu_quantity(text: str, *, source: str = ENV_CPU_REQUEST) -> float:
+    """Cores from a Kubernetes CPU quantity: ``"0.5"``, ``"2"`` or ``"500m"``."""
+    raw = text.strip()
+    try:
+        cores = float(raw[:-1]) / 1000.0 if raw.endswith("m") else float(raw)
+    except ValueError:
+        cores = math.nan
+    return _positive(cores, source, text)
+
+
+def _positive(cores: float, source: str, shown: object) -> float:
+    if not (cores > 0 and math.isfinite(cores)):
+        raise ConfigError(
+            f"{source}: {shown!r} is not a CPU quantity; write cores (0.5) or millicores (500m)"
+        )
+    return cores
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """Cores allowed by a cgroup v2 ``cpu.max`` (``"<quota> <period>"``); None for ``max``."""
+    fields = text.split()
+    if not fields or fields[0] == "max":
+        return None
+    period = int(fields[1]) if len(fields) > 1 else 100_000
+    quota = int(fields[0])
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
+    """Cores this cgroup's CPU quota allows, or None without a quota (or a cgroup).
+
+    cgroup v2 keeps it in ``cpu.max``; v1 in ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``
+    (-1: no quota) under the ``cpu`` controller's directory.
+    """
+    try:
+        v2 = root / "cpu.max"
+        if v2.is_file():
+            return parse_cpu_max(v2.read_text())
+        for controller in (root / "cpu", root / "cpu,cpuacct", root):
+            quota_file = controller / "cpu.cfs_quota_us"
+            if quota_file.is_file():
+                quota = int(quota_file.read_text().strip())
+                period = int((controller / "cpu.cfs_period_us").read_text().strip())
+                return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        pass  # unreadable or odd: no quota known, the affinity mask decides
+    return None
+
+
+def _affinity_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_capacity(root: Path = CGROUP_ROOT) -> float:
+    """Cores this process may use: its affinity mask, capped by its cgroup quota."""
+    limit = cgroup_cpu_limit(root)
+    cores = float(_affinity_cores())
+    return min(cores, limit) if limit is not None else cores
+
+
+def cpu_request(explicit: float | str | None = None) -> float | None:
+    """The stated CPU request in cores: ``explicit``, else ``TRACEKIT_CPU_REQUEST``, else None."""
+    if explicit is not None:
+        if isinstance(explicit, str):
+            return parse_cpu_quantity(explicit, source="cpu_request")
+        return _positive(float(explicit), "cpu_request", explicit)
+    raw = os.environ.get(ENV_CPU_REQUEST, "").strip()
+    return parse_cpu_quantity(raw) if raw else None
 
 
 def _gpu_reader() -> Callable[[], float] | None:
@@ -39,7 +118,13 @@ def _gpu_reader() -> Callable[[], float] | None:
 
 
 class ResourceSampler:
-    """Keeps ``cpu`` and ``gpu`` (0..1, or None before the first window) up to date."""
+    """Keeps ``cpu`` and ``gpu`` (fractions, or None before the first window) up to date.
+
+    ``cpu`` is CPU time over wall time divided by ``request`` when one is stated, else
+    by ``cores`` (the capacity, read once here when not given). It is 0..1 of the
+    capacity; of a stated request it may exceed 1 (a pod bursting above its request,
+    as an HPA reports more than 100%), up to capacity / request.
+    """
 
     def __init__(
         self,
@@ -47,14 +132,16 @@ class ResourceSampler:
         *,
         wall: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
-        cores: int | None = None,
+        cores: float | None = None,
+        request: float | None = None,
         gpu: Callable[[], float] | None = None,
     ) -> None:
         self.interval_s = interval_s
         self.cpu: float | None = None
         self.gpu: float | None = None
         self._wall, self._cpu_clock = wall, cpu_clock
-        self._cores = cores or _cores()
+        self.capacity = cores or cpu_capacity()
+        self.request = request
         self._gpu = gpu
         self._last = (wall(), cpu_clock())
         self._stop = threading.Event()
@@ -65,7 +152,9 @@ class ResourceSampler:
         now = (self._wall(), self._cpu_clock())
         dwall = now[0] - self._last[0]
         if dwall > 0:
-            self.cpu = min(1.0, max(0.0, (now[1] - self._last[1]) / (dwall * self._cores)))
+            divisor = self.request or self.capacity
+            used = (now[1] - self._last[1]) / dwall  # cores busy over the window
+            self.cpu = min(self.capacity / divisor, max(0.0, used / divisor))
         self._last = now
         if self._gpu is not None:
             try:
@@ -100,23 +189,31 @@ _SAMPLER: ResourceSampler | None = None
 _LOCK = threading.Lock()
 
 
-def get(interval_s: float | None = None) -> ResourceSampler:
-    """The process's running sampler, started on first use.
+def start(
+    interval_s: float | None = None, *, request: float | str | None = None
+) -> ResourceSampler:
+    """Start the process's sampler, or adjust the running one; returns it.
 
-    ``interval_s`` shortens the window of a running sampler (the shortest asked wins).
+    Called at set-up and app start-up, never per request. ``interval_s`` shortens the
+    window of a running sampler (the shortest asked wins); ``request`` (cores or a
+    quantity like ``"500m"``; default ``TRACEKIT_CPU_REQUEST``) becomes the CPU divisor.
     """
     global _SAMPLER
+    stated = cpu_request(request)
     with _LOCK:
         if _SAMPLER is None:
-            _SAMPLER = ResourceSampler(interval_s or 1.0)
+            _SAMPLER = ResourceSampler(interval_s or 1.0, request=stated)
             _SAMPLER.start()
-        elif interval_s is not None and interval_s < _SAMPLER.interval_s:
-            _SAMPLER.interval_s = interval_s
+        else:
+            if interval_s is not None and interval_s < _SAMPLER.interval_s:
+                _SAMPLER.interval_s = interval_s
+            if stated is not None:
+                _SAMPLER.request = stated
         return _SAMPLER
 
 
 def current() -> ResourceSampler | None:
-    """The running sampler, if any (the request hook never starts one)."""
+    """The running sampler, if any: the request path reads it without a lock, never starts one."""
     return _SAMPLER
 
 

@@ -173,20 +173,34 @@ def _resource_attributes(
 
 
 def _http_endpoint(endpoint: str | None) -> str:
-    """The full OTLP/HTTP traces URL, as the OTel spec builds it from a base URL."""
+    """The full OTLP/HTTP traces URL, built as the OTel exporter spec says.
+
+    A base endpoint (the ``endpoint`` argument, ``OTEL_EXPORTER_OTLP_ENDPOINT``, the
+    default) always gets ``v1/traces`` appended to its path; the signal-specific
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is used as is.
+    """
     if endpoint is None:
         signal = os.environ.get(ENV_OTLP_TRACES_ENDPOINT, "").strip()
         if signal:
+            _check_http_url(signal, ENV_OTLP_TRACES_ENDPOINT)
             return signal
         endpoint = os.environ.get(ENV_OTLP_ENDPOINT, "").strip() or DEFAULT_HTTP_ENDPOINT
-    parsed = urllib.parse.urlparse(endpoint)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(
-            f"OTLP endpoint {endpoint!r} is not an http(s) URL like {DEFAULT_HTTP_ENDPOINT}"
+    parsed = _check_http_url(endpoint, "OTLP endpoint")
+    if parsed.path.rstrip("/").endswith("/v1/traces"):
+        _guard.logger.warning(
+            "tracekit: OTLP endpoint %s is a base URL, so v1/traces is appended again; "
+            "for a full traces URL set %s instead",
+            endpoint,
+            ENV_OTLP_TRACES_ENDPOINT,
         )
-    if parsed.path in ("", "/"):
-        return endpoint.rstrip("/") + "/v1/traces"
-    return endpoint
+    return urllib.parse.urlunparse(parsed._replace(path=parsed.path.rstrip("/") + "/v1/traces"))
+
+
+def _check_http_url(url: str, source: str) -> urllib.parse.ParseResult:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"{source} {url!r} is not an http(s) URL like {DEFAULT_HTTP_ENDPOINT}")
+    return parsed
 
 
 def _grpc_endpoint(endpoint: str | None) -> str:

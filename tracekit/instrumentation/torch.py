@@ -5,12 +5,14 @@ A span closed right there measures the launch, not the work, and the GPU time th
 shows up wherever the host next waits for the device — in the ``.cpu()`` or
 ``.item()`` of postprocessing — so the trace blames the wrong stage. Hence ``sync``:
 
-- ``"event"`` (default on CUDA): CUDA events are recorded around the work and the span
-  waits only for its own end event, so it ends when this work is done on the device
-  (not when everything queued by other threads is) and ``tracekit.gpu_time_ns`` is
-  the device time between the events;
-- ``"device"``: ``torch.cuda.synchronize()`` before and after — simplest, but it also
-  waits for unrelated queued work;
+- ``"event"`` (default on CUDA): CUDA events are recorded around the work on the
+  current stream and the span waits for its own end event, not for the whole device,
+  and ``tracekit.gpu_time_ns`` is the device time between the events. On the legacy
+  default stream (torch's, unless the code picks a stream) the events are ordered
+  after work other threads queued there before them, so the wait and the device time
+  can include that work too (a stream per worker keeps them apart);
+- ``"device"``: ``torch.cuda.synchronize()`` before and after — simplest, but it
+  waits for all queued work, on every stream;
 - ``"none"``: no device timing and no wait (the span shows launch time only), said so in
   ``tracekit.gpu.sync``. Without CUDA (or without torch) this is what you get, with
   wall and CPU time recorded.
@@ -95,16 +97,16 @@ class ModelExecution:
         self._sync = sync
         self._attributes = attributes
 
-    def _enter(self) -> tuple[Stage, str, Any, int, int, Any]:
-        mode = c.SYNC_NONE
-        start_evt = None
+    def _mode(self) -> str:
         try:
-            mode = _resolve(self._sync)
-            if mode == c.SYNC_DEVICE:
-                CUDA.synchronize()  # earlier queued work is not this call's
+            return _resolve(self._sync)
         except Exception as exc:
             _guard.report("model_execution start", exc)
-            mode = c.SYNC_NONE
+            return c.SYNC_NONE
+
+    def _enter(self, mode: str) -> tuple[Stage, str, Any, int, int, Any]:
+        """Open the span; with ``sync="device"`` the caller has synchronised already."""
+        start_evt = None
         st = Stage(c.MODEL_EXECUTE, **{c.GPU_SYNC: mode, **self._attributes})
         span, token = st._start()
         if mode != c.SYNC_NONE:
@@ -150,7 +152,14 @@ class ModelExecution:
         return link[1]
 
     def __enter__(self) -> trace.Span:
-        state = self._enter()
+        mode = self._mode()
+        if mode == c.SYNC_DEVICE:
+            try:
+                CUDA.synchronize()  # earlier queued work is not this call's
+            except Exception as exc:
+                _guard.report("model_execution start", exc)
+                mode = c.SYNC_NONE
+        state = self._enter(mode)
         self._push(state)
         return state[-1][0]
 
@@ -172,7 +181,17 @@ class ModelExecution:
         self._exit(state, exc, gpu, cpu)
 
     async def __aenter__(self) -> trace.Span:
-        return self.__enter__()
+        mode = self._mode()
+        if mode == c.SYNC_DEVICE:
+            try:
+                # as in __aexit__: the event loop keeps serving while the device drains
+                await asyncio.to_thread(CUDA.synchronize)
+            except Exception as exc:
+                _guard.report("model_execution start", exc)
+                mode = c.SYNC_NONE
+        state = self._enter(mode)
+        self._push(state)
+        return state[-1][0]
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         state = self._pop()

@@ -87,6 +87,13 @@ def _plain_bar(span: ExplainSpan, total_ms: float) -> str:
     return "".join(glyph for glyph, _ in bar(span, total_ms)).rstrip()
 
 
+def _stage_label(span: ExplainSpan) -> str:
+    """``downstream (model_execute)`` for a called service's own stage span: the time
+    counts as downstream, the bracket says what the dependency called it."""
+    stage = span.stage or cv.UNATTRIBUTED
+    return f"{stage} ({span.own_stage})" if span.own_stage else stage
+
+
 def _label(span: ExplainSpan) -> str:
     label = "  " * span.depth + span.name
     return label if len(label) <= _NAME_WIDTH else label[: _NAME_WIDTH - 1] + "…"
@@ -109,7 +116,7 @@ def render_table(e: Explanation) -> str:
             Text(STAR, style="bold red") if s.on_critical_path else "",
             _label(s),
             s.service or "",
-            s.stage or cv.UNATTRIBUTED,
+            _stage_label(s),
             s.time_kind or "",
             f"{s.start_ms:.1f}",
             f"{s.duration_ms:.1f}",
@@ -185,7 +192,7 @@ def render_markdown(e: Explanation) -> str:
             STAR if s.on_critical_path else "",
             "&nbsp;" * (2 * s.depth) + s.name,
             s.service or "",
-            s.stage or cv.UNATTRIBUTED,
+            _stage_label(s),
             f"{s.start_ms:.1f}",
             f"{s.duration_ms:.1f}",
             f"{s.critical_ms:.1f}" if s.on_critical_path else "",
