@@ -31,6 +31,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/diff.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
