@@ -134,9 +134,14 @@ def finalize(
                 what.append(f"starts {early / 1e6:.3f} ms before")
             if late:
                 what.append(f"ends {late / 1e6:.3f} ms after")
+            # Ending late under a client span is usually not skew: the server stops its
+            # clock after sending the response, the client when it arrives.
+            why = "clock skew between hosts, or a server span outliving its client call"
+            if early:
+                why = "clock skew between hosts?"
             log.add(
                 source,
-                f"span {span_id} {' and '.join(what)} its parent {parent} (clock skew?)",
+                f"span {span_id} {' and '.join(what)} its parent {parent} ({why}); clipped",
                 pk.SKEW,
             )
 
