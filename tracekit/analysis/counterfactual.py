@@ -32,11 +32,11 @@ import numpy.typing as npt
 
 from tracekit import conventions as cv
 from tracekit.analysis.release import ReleaseData, order_stages
-from tracekit.analysis.stats import weighted_quantile
+from tracekit.analysis.stats import MIN_TAIL_SAMPLES, tail_samples, weighted_quantile
 
 FloatArray = npt.NDArray[np.float64]
 
-MIN_TAIL_REQUESTS = 10
+MIN_TAIL_REQUESTS = MIN_TAIL_SAMPLES
 """Fewer requests than this at or above p99 in either group widens the cohort to p95."""
 
 HIDDEN_WAIT_MIN_GROWTH_MS = 1.0
@@ -138,7 +138,7 @@ def cohort_size(x: FloatArray, w: FloatArray, q: float) -> int:
     """Requests (not weighted) at or above the weighted q-quantile."""
     if len(x) == 0:
         return 0
-    return int(np.count_nonzero(x >= weighted_quantile(x, q, w)))
+    return tail_samples(x, weighted_quantile(x, q, w))
 
 
 def weighted_mean(x: FloatArray, w: FloatArray) -> float:

@@ -56,14 +56,19 @@ from tracekit.analysis.gate_stats import (
     window_bootstrap_quantiles,
 )
 from tracekit.analysis.release import ReleaseData, load_release
-from tracekit.analysis.stats import holm_adjust, weighted_quantiles
+from tracekit.analysis.stats import (
+    MIN_TAIL_SAMPLES,
+    holm_adjust,
+    tail_samples,
+    weighted_quantiles,
+)
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
 
 EXIT_CODES: dict[str, int] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 """Process exit code per overall result (2 is reserved for usage and input errors)."""
 
-MIN_TAIL = 10
+MIN_TAIL = MIN_TAIL_SAMPLES
 """Fewest sampled requests at or above a quantile for it to be estimated at all."""
 DEFAULT_BOOTSTRAP = 2000
 """Replicates per release: resolves the Holm levels of ten budgets at 95% to ~2 replicates."""
@@ -172,10 +177,6 @@ def _values(r: ReleaseData, stage: str | None) -> FloatArray:
     return r.duration_ms if stage is None else r.stage_column(stage)
 
 
-def _tail(x: FloatArray, cut: float) -> int:
-    return int(np.count_nonzero(x >= cut)) if math.isfinite(cut) else 0
-
-
 @dataclass
 class _Metric:
     """Point quantiles and bootstrap replicates of one metric in both releases."""
@@ -263,8 +264,8 @@ def evaluate_gate(
         samples = Samples(
             before.n,
             after.n,
-            _tail(_values(before, b.stage), float(m.before[j])),
-            _tail(_values(after, b.stage), float(m.after[j])),
+            tail_samples(_values(before, b.stage), float(m.before[j])),
+            tail_samples(_values(after, b.stage), float(m.after[j])),
         )
         # An absolute budget reads only the after release; the others read both.
         tails = [samples.after_tail] + ([samples.before_tail] if b.kind != bg.ABSOLUTE else [])
