@@ -33,7 +33,6 @@ from urllib.parse import urlsplit
 import httpx
 
 from tracekit.demo.features import CANDIDATES, HOT_USERS, ITEM_COUNT, USER_COUNT
-from tracekit.demo.settings import skip_missing_sniffio
 from tracekit.errors import ConfigError
 
 COLD_FRACTION = 0.005
@@ -141,7 +140,6 @@ async def run_load(
 ) -> LoadResult:
     """Drive ``url`` with POSTs at Poisson times; returns once every request has ended."""
     require_loopback(url)
-    skip_missing_sniffio()
     offsets = arrival_offsets(rate, duration_s, seed, max_requests)
     body_rng = random.Random(seed + 1)
     bodies = [payload(body_rng) for _ in offsets]

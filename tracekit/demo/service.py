@@ -48,7 +48,6 @@ from tracekit.demo.settings import (
     parse_settings,
     run_main,
     serve,
-    skip_missing_sniffio,
 )
 from tracekit.errors import ConfigError
 
@@ -162,7 +161,6 @@ def build_ranker(settings: Settings) -> Ranker:
     ranking.warm_up(model, encoder, items, stats, knobs.batch_max_size)
     features = FeatureStore(cache_enabled=knobs.cache_enabled, seed=settings.seed)
     features.warm()
-    skip_missing_sniffio()
     if not settings.downstream_url:
         raise ConfigError(
             f"the ranker needs the pricing service's URL: --downstream-url or {ENV_DOWNSTREAM_URL}"

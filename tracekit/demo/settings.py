@@ -141,21 +141,6 @@ def parse_settings(
     return settings
 
 
-def skip_missing_sniffio() -> None:
-    """Make httpcore's per-request ``import sniffio`` fail fast where sniffio is absent.
-
-    httpcore 1.x imports sniffio inside every connection-pool call and falls back to
-    asyncio on ImportError; a failed import is not cached, so without sniffio (anyio 4
-    no longer pulls it in) each call searches sys.path again — milliseconds of CPU per
-    request. A ``None`` entry in ``sys.modules`` is Python's documented way to make that
-    import raise at once; the fallback httpcore then takes is the one it would take anyway.
-    """
-    import importlib.util
-
-    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
-        sys.modules["sniffio"] = None  # type: ignore[assignment]
-
-
 def configure_tracing(service_name: str, settings: Settings) -> None:
     """Point tracekit at the trace file, the OTLP endpoint, or both."""
     exporters: list[str] = []
