@@ -37,9 +37,10 @@ import tracekit
 from tracekit import conventions as cv
 from tracekit.demo import model as ranking
 from tracekit.demo.downstream import PRICE_PATH
-from tracekit.demo.features import FeatureStore
+from tracekit.demo.features import HOT_USERS, FeatureStore
 from tracekit.demo.settings import (
     ENV_DOWNSTREAM_URL,
+    HEALTH_PATH,
     Settings,
     announce_ready,
     build_parser,
@@ -55,6 +56,8 @@ SERVICE_NAME = "ranker"
 """``service.name`` of the inference service (``tracekit ingest --service ranker``)."""
 PREDICT_PATH = "/predict"
 DOWNSTREAM_TIMEOUT_S = 2.0
+WARM_UP_ROUNDS = 3
+"""Rounds of a full batch of requests run, untraced, before the ranker reports ready."""
 
 
 class PredictRequest(BaseModel):
@@ -126,6 +129,32 @@ class Ranker:
             top = ranking.postprocess(request.items, scores, margins)
         return PredictResponse(user_id=request.user_id, items=top, cache_hit=hit)
 
+    async def warm_up(self) -> None:
+        """Run the request path a few times, untraced, before the service reports ready.
+
+        A fresh process pays one-off costs on its first requests (worker threads
+        spawned, connections to pricing opened, the first torch ops of each batch
+        shape). Under open-loop load one such stall delays every request queued behind
+        it, which in a short run is the whole p95 cohort, so a release would look slow
+        for having started, not for what it changed. Real services warm up before
+        readiness for the same reason. Tracing is configured only afterwards, so none of
+        this reaches the traces; pricing is asked only for its untraced health route,
+        which opens the pooled connections.
+        """
+        size = self.settings.knobs.batch_max_size
+        items = list(range(ranking.CANDIDATES))
+
+        async def one(user_id: int) -> None:
+            user, _ = await self.features.get(user_id)
+            x = await asyncio.to_thread(self.preprocess, user, items)
+            await self.batcher.submit(x)
+
+        for _ in range(WARM_UP_ROUNDS):
+            await asyncio.gather(
+                *(one(i % HOT_USERS) for i in range(size)),
+                *(self.client.get(HEALTH_PATH) for _ in range(size)),
+            )
+
     def start_contention(self) -> None:
         knobs = self.settings.knobs
         args = (self.stop, knobs.contention_hold_ms / 1000.0, knobs.contention_pause_ms / 1000.0)
@@ -188,12 +217,13 @@ def build_ranker(settings: Settings) -> Ranker:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The ranker app; tracing is configured and the model built in its lifespan."""
+    """The ranker app; the model is built and warmed, then tracing configured, in its lifespan."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        configure_tracing(SERVICE_NAME, settings)
         state = build_ranker(settings)
+        await state.warm_up()  # before tracing: warm-up requests are not the release's
+        configure_tracing(SERVICE_NAME, settings)
         state.start_contention()
         app.state.ranker = state
         announce_ready(SERVICE_NAME, settings)
