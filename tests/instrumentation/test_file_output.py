@@ -141,6 +141,8 @@ def produce(path: Path) -> None:
 def _value(key: str, value: dict[str, Any]) -> Any:
     if key in VOLATILE:
         return f"<{next(iter(value))}>"
+    if key == c.SERVER_ADDRESS and ":" in value.get("stringValue", ""):
+        return {"stringValue": value["stringValue"].rsplit(":", 1)[0] + ":<port>"}
     return value
 
 
