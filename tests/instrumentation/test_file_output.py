@@ -155,7 +155,7 @@ def canonical(path: Path) -> list[dict[str, Any]]:
     spans: list[dict[str, Any]] = []
     for line in path.read_text().splitlines():
         for rs in json.loads(line)["resourceSpans"]:
-            resource = sorted(_attrs(rs["resource"].get("attributes")).items())
+            resource = _attrs(rs["resource"].get("attributes"))
             for ss in rs["scopeSpans"]:
                 for s in ss["spans"]:
                     spans.append({**s, "_scope": ss["scope"], "_resource": resource})
