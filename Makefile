@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check tracekit tests benchmarks
 	$(BIN)/ruff format --check tracekit tests benchmarks
 	$(BIN)/mypy tracekit
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tracekit import conventions as cv
-from tracekit.analysis.bubbleup import rank_attributes
-from tracekit.analysis.diff import compute_diff, diff_releases
-from tracekit.analysis.release import load_release
+from tracekit.analysis.cohorts.bubbleup import rank_attributes
+from tracekit.analysis.cohorts.release import load_release
+from tracekit.analysis.compare.diff import compute_diff, diff_releases
 from tracekit.analysis.store import Store, open_store
 from tracekit.render.diff import render_json, render_table
 

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             tk_s = time.perf_counter() - t
             refresh_s = None
             try:
-                from tracekit.analysis import attribution
+                from tracekit.analysis.attribution import per_request as attribution
             except ImportError:
                 attribution = None  # type: ignore[assignment]
             if attribution is not None:

@@ -15,16 +15,19 @@ from collections.abc import Sequence
 from tracekit import __version__
 from tracekit.errors import TracekitError
 
-COMMANDS: tuple[str, ...] = (
-    "ingest",
-    "summary",
-    "diff",
-    "slow",
-    "explain",
-    "gate",
-    "autoscale",
-    "demo",
-)
+COMMANDS: dict[str, str] = {
+    "ingest": "tracekit.commands.ingest",
+    "summary": "tracekit.commands.summary",
+    "diff": "tracekit.commands.diff",
+    "slow": "tracekit.commands.slow",
+    "explain": "tracekit.commands.explain",
+    "gate": "tracekit.commands.gate",
+    "autoscale": "tracekit.commands.autoscale",
+    # The demo sits above the CLI (it runs the other commands in-process), so its
+    # command module lives in its own package and is loaded here by name, like a plugin.
+    "demo": "tracekit.demo.command",
+}
+"""Subcommand -> the module whose ``register(subparsers)`` adds it, in help order."""
 
 DESCRIPTION = """\
 tracekit tells you where an inference request's latency goes and what a release changed.
@@ -45,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tracekit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        module = importlib.import_module(f"tracekit.commands.{name}")
-        module.register(sub)
+    for module_name in COMMANDS.values():
+        importlib.import_module(module_name).register(sub)
     return parser
 
 

@@ -139,3 +139,12 @@ BATCH_SPAN_NAME: Final = "tracekit.batch"
 def default_time_kind(stage: str) -> str:
     """The ``time_kind`` a stage gets when the span does not say."""
     return DEFAULT_TIME_KIND.get(stage, COMPUTE)
+
+
+def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Built-in stages in request order, then others alphabetically, then unattributed."""
+    names = set(names)
+    builtin = [s for s in STAGES if s in names]
+    others = sorted(s for s in names if s not in STAGES and s != UNATTRIBUTED)
+    tail = [UNATTRIBUTED] if UNATTRIBUTED in names else []
+    return tuple(builtin + others + tail)

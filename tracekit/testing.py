@@ -348,7 +348,7 @@ class TraceBuilder:
 
     def load(self, store: Store) -> None:
         """Insert the spans into ``store`` and refresh attribution for the built traces."""
-        from tracekit.analysis import attribution
+        from tracekit.analysis.attribution import per_request as attribution
 
         store.insert_spans(self.rows())
         attribution.refresh(store, self.trace_ids())

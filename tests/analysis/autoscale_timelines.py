@@ -11,7 +11,7 @@ from dataclasses import make_dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tracekit.analysis.autoscale import Timeline
+from tracekit.analysis.autoscale.audit import Timeline
 
 WINDOW_S = 30.0
 REPLICAS = ("pod-a", "pod-b")

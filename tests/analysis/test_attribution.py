@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis import attribution
-from tracekit.analysis.release import load_release
+from tracekit.analysis.attribution import per_request as attribution
+from tracekit.analysis.cohorts.release import load_release
 from tracekit.analysis.store import SPAN_COLUMNS, Store
 from tracekit.testing import RequestBuilder, TraceBuilder, worked_example
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from tracekit import conventions as cv
-from tracekit.analysis import attribution
+from tracekit.analysis.attribution import per_request as attribution
 from tracekit.analysis.store import Store
 
 MS = 1_000_000

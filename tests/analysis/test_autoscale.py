@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis import scaling_rules as sr
-from tracekit.analysis.autoscale import audit, audit_autoscaling, min_requests_for, parse_slo
-from tracekit.analysis.signal_ranking import auc, spearman
+from tracekit.analysis.autoscale import rules as sr
+from tracekit.analysis.autoscale.audit import audit, audit_autoscaling, min_requests_for, parse_slo
+from tracekit.analysis.autoscale.signal_ranking import auc, spearman
 from tracekit.errors import ConfigError, QueryError
 from tracekit.render.autoscale import render_json, render_markdown, render_table
 

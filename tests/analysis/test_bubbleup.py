@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tracekit import conventions as cv
-from tracekit.analysis import attribution
-from tracekit.analysis.bubbleup import enrichment_p_value, rank_attributes, rank_rows
+from tracekit.analysis.attribution import per_request as attribution
+from tracekit.analysis.cohorts.bubbleup import enrichment_p_value, rank_attributes, rank_rows
 from tracekit.analysis.store import SPAN_COLUMNS, Store
 from tracekit.testing import TraceBuilder
 

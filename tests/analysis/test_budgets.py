@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analysis.budgets import (
+from tracekit.analysis.gate.budgets import (
     ABSOLUTE,
     DEFAULT_BUDGETS,
     DELTA,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from tracekit import conventions as cv
-from tracekit.analysis.counterfactual import (
+from tracekit.analysis.cohorts.counterfactual import (
     StageEvidence,
     choose_tail,
     is_hidden_wait,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracekit import conventions as cv
-from tracekit.analysis import critical_path as cp
+from tracekit.analysis.attribution import critical_path as cp
 
 
 def trace(*spans: tuple[str, str | None, int, int, str | None]) -> cp.TraceInput:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis import counterfactual as cf
-from tracekit.analysis.diff import compute_diff
-from tracekit.analysis.release import ReleaseData, order_stages
+from tracekit.analysis.cohorts import counterfactual as cf
+from tracekit.analysis.cohorts.release import ReleaseData, order_stages
+from tracekit.analysis.compare.diff import compute_diff
 from tracekit.render.diff import render_json, render_markdown, render_table
 
 N = 4000

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis import attribution
-from tracekit.analysis.diff import diff_releases
+from tracekit.analysis.attribution import per_request as attribution
+from tracekit.analysis.compare.diff import diff_releases
+from tracekit.analysis.compare.summary import slow_vs_fast, summarize_all, summarize_release
 from tracekit.analysis.store import SPAN_COLUMNS, Store, open_store
-from tracekit.analysis.summary import slow_vs_fast, summarize_all, summarize_release
 from tracekit.cli import main
 from tracekit.errors import QueryError
 from tracekit.testing import TraceBuilder

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis.explain import explain_trace
+from tracekit.analysis.attribution.explain import explain_trace
 from tracekit.analysis.store import Store
 from tracekit.cli import main
 from tracekit.errors import QueryError

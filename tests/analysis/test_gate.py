@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis.budgets import parse_budgets
-from tracekit.analysis.gate import (
+from tracekit.analysis.cohorts.release import ReleaseData
+from tracekit.analysis.cohorts.stats import bootstrap_quantiles, holm_adjust
+from tracekit.analysis.gate.budgets import parse_budgets
+from tracekit.analysis.gate.evaluate import (
     EXIT_CODES,
     GateVerdict,
     coordinated_omission,
     evaluate_gate,
     overall,
 )
-from tracekit.analysis.gate_stats import holm_levels, window_bootstrap_quantiles
-from tracekit.analysis.release import ReleaseData
-from tracekit.analysis.stats import bootstrap_quantiles, holm_adjust
+from tracekit.analysis.gate.statistics import holm_levels, window_bootstrap_quantiles
 from tracekit.errors import ConfigError, QueryError
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tracekit import conventions as cv
-from tracekit.analysis.budgets import parse_budgets
-from tracekit.analysis.gate import run_gate
+from tracekit.analysis.gate.budgets import parse_budgets
+from tracekit.analysis.gate.evaluate import run_gate
 from tracekit.analysis.store import Store, open_store
 from tracekit.cli import main
 from tracekit.errors import QueryError
@@ -130,7 +130,7 @@ def test_failure_names_the_stage_and_kind_from_the_diff(db: str) -> None:
 
 
 def test_gate_still_decides_when_the_diff_fails(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracekit.analysis.diff as diff
+    import tracekit.analysis.compare.diff as diff
 
     def broken(*args: object, **kwargs: object) -> None:
         raise QueryError("diff exploded")

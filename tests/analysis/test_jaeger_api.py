@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from tracekit.analysis.ingest import ingest_jaeger
-from tracekit.analysis.jaeger_api import parse_since
+from tracekit.analysis.ingest.jaeger_api import parse_since
 from tracekit.errors import ConfigError, IngestError
 
 
@@ -118,7 +118,7 @@ def test_v3_no_traces_found_is_an_empty_pull_not_a_fallback(store, jaeger) -> No
 
 def test_unreachable_jaeger_is_a_one_line_error() -> None:
     with pytest.raises(IngestError, match="cannot reach Jaeger"):
-        from tracekit.analysis.jaeger_api import fetch_traces
+        from tracekit.analysis.ingest.jaeger_api import fetch_traces
 
         fetch_traces("http://127.0.0.1:9", "x", timeout=2)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analysis import scaling_rules as sr
-from tracekit.analysis.scaling_rules import load_rule, replay, rule_from_flags
+from tracekit.analysis.autoscale import rules as sr
+from tracekit.analysis.autoscale.rule_files import load_rule
+from tracekit.analysis.autoscale.rules import replay, rule_from_flags
 from tracekit.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "autoscale"

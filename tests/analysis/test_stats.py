@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.analysis.stats import holm_adjust, quantile_deltas, weighted_quantile
+from tracekit.analysis.cohorts.stats import holm_adjust, quantile_deltas, weighted_quantile
 
 
 def test_weighted_quantile_is_inverse_cdf() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit import conventions as cv
-from tracekit.analysis.release import ReleaseData
-from tracekit.analysis.summary import compute_slow_fast, compute_summary
+from tracekit.analysis.cohorts.release import ReleaseData
+from tracekit.analysis.compare.summary import compute_slow_fast, compute_summary
 
 
 def one_release(n: int, seed: int) -> ReleaseData:

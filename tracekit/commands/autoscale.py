@@ -63,8 +63,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis import scaling_rules as sr
-    from tracekit.analysis.autoscale import audit_autoscaling, parse_slo
+    from tracekit.analysis.autoscale import rules as sr
+    from tracekit.analysis.autoscale.audit import audit_autoscaling, parse_slo
+    from tracekit.analysis.autoscale.rule_files import load_rule
     from tracekit.analysis.store import open_store
     from tracekit.render.autoscale import RENDERERS
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     window_s = parse_window(args.window)
     if args.rule_file:
-        rule = sr.load_rule(args.rule_file)
+        rule = load_rule(args.rule_file)
     elif args.signal:
         target = sr.parse_target(args.signal, args.target)
         rule = sr.rule_from_flags(args.signal, target, args.min_replicas, args.max_replicas)

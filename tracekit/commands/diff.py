@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.diff import diff_releases
+    from tracekit.analysis.compare.diff import diff_releases
     from tracekit.analysis.store import open_store
     from tracekit.errors import ConfigError
     from tracekit.render.diff import RENDERERS

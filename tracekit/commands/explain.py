@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.explain import explain_trace
+    from tracekit.analysis.attribution.explain import explain_trace
     from tracekit.analysis.store import open_store
     from tracekit.render.explain import RENDERERS
 

@@ -87,14 +87,14 @@ def _write(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.budgets import (
+    from tracekit.analysis.gate.budgets import (
         GateConfig,
         check_confidence,
         load_config,
         parse_budgets,
         parse_duration_ms,
     )
-    from tracekit.analysis.gate import DEFAULT_CONFIDENCE, run_gate
+    from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, run_gate
     from tracekit.analysis.store import open_store
     from tracekit.render.gate import RENDERERS, render_junit, render_markdown
 

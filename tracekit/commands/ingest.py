@@ -27,7 +27,7 @@ examples:
 
 
 def register(sub: Any) -> None:
-    from tracekit.analysis.jaeger_api import DEFAULT_LIMIT
+    from tracekit.analysis.ingest.jaeger_api import DEFAULT_LIMIT
 
     parser = add_command(
         sub, "ingest", help="read OTLP/Jaeger traces into the store", description=DESCRIPTION
@@ -121,6 +121,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _refresh(store: Any, trace_ids: list[str]) -> int:
     """Rebuild ``requests`` and ``request_stages`` for the touched traces."""
-    from tracekit.analysis import attribution
+    from tracekit.analysis.attribution import per_request as attribution
 
     return int(attribution.refresh(store, trace_ids).requests)

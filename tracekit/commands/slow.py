@@ -35,8 +35,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tracekit.analysis.compare.summary import slow_vs_fast
     from tracekit.analysis.store import open_store
-    from tracekit.analysis.summary import slow_vs_fast
     from tracekit.render.summary import SLOW_RENDERERS
 
     with open_store(args.db, read_only=True) as store:

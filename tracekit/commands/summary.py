@@ -30,8 +30,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tracekit.analysis.compare.summary import summarize_all, summarize_release
     from tracekit.analysis.store import open_store
-    from tracekit.analysis.summary import summarize_all, summarize_release
     from tracekit.render.summary import SUMMARY_RENDERERS
 
     with open_store(args.db, read_only=True) as store:

@@ -1,7 +1,7 @@
 """Renderers for the autoscaling audit: table (people), JSON (scripts), markdown (PRs).
 
 Each is ``render_x(result) -> str`` over an
-:class:`~tracekit.analysis.autoscale.AutoscaleResult`; none of them queries anything.
+:class:`~tracekit.analysis.autoscale.audit.AutoscaleResult`; none of them queries anything.
 The JSON shape is documented in ``docs/autoscale.md``.
 """
 
@@ -11,8 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from tracekit.analysis import scaling_rules as sr
-from tracekit.analysis.autoscale import AutoscaleResult, Window, fmt_signal, fmt_target
+from tracekit.analysis.autoscale import rules as sr
+from tracekit.analysis.autoscale.audit import AutoscaleResult, Window, fmt_signal, fmt_target
 from tracekit.render.common import markdown_table, rich_to_text, to_json
 
 MAX_ROWS = 40

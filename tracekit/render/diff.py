@@ -1,4 +1,4 @@
-"""Render a :class:`~tracekit.analysis.diff.DiffResult`: table, json or markdown.
+"""Render a :class:`~tracekit.analysis.compare.diff.DiffResult`: table, json or markdown.
 
 Every format leads with the verdict sentence, then the evidence: latency quantiles
 with their intervals, the stage split, over-represented attribute values, exemplar
@@ -13,9 +13,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from tracekit.analysis.bubbleup import AttributeLift
-from tracekit.analysis.diff import DiffResult, Exemplar
-from tracekit.analysis.wording import Flag
+from tracekit.analysis.cohorts.bubbleup import AttributeLift
+from tracekit.analysis.compare.diff import DiffResult, Exemplar
+from tracekit.analysis.compare.wording import Flag
 from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
 
 

@@ -1,4 +1,4 @@
-"""Renderers of :class:`tracekit.analysis.explain.Explanation`: a terminal waterfall,
+"""Renderers of :class:`tracekit.analysis.attribution.explain.Explanation`: a terminal waterfall,
 JSON and markdown. Renderers never query; they only format what the analysis returned.
 
 In the waterfall, ``█`` marks a span's own pieces of the critical path and ``░`` the
@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracekit import conventions as cv
-from tracekit.analysis.explain import ExplainSpan, Explanation
+from tracekit.analysis.attribution.explain import ExplainSpan, Explanation
 from tracekit.render.common import markdown_table, ms, pct, rich_to_text, to_json
 
 BAR_WIDTH = 40

@@ -1,4 +1,4 @@
-"""Renderers for :class:`~tracekit.analysis.gate.GateResult`: table, JSON, markdown, JUnit XML.
+"""Renderers for :class:`~tracekit.analysis.gate.evaluate.GateResult`: table, JSON, markdown, JUnit XML.
 
 The JSON shape is documented in docs/gate.md and kept stable; latencies are
 milliseconds, relative values fractions (0.1 = +10%). Markdown is meant for
@@ -13,8 +13,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from tracekit.analysis.gate import GateCheck, GateResult
-from tracekit.analysis.gate_report import observed_text
+from tracekit.analysis.gate.evaluate import GateCheck, GateResult
+from tracekit.analysis.gate.wording import observed_text
 from tracekit.render.common import markdown_table, ms, rich_to_text, to_json
 
 ICONS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from tracekit.analysis.summary import SlowFast, Summary
+from tracekit.analysis.compare.summary import SlowFast, Summary
 from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
 from tracekit.render.diff import (
     ATTRIBUTE_HEADERS,

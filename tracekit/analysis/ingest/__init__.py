@@ -75,7 +75,7 @@ def ingest_jaeger(
     strict: bool = False,
 ) -> IngestReport:
     """Pull ``service``'s recent traces from a running Jaeger (api_v3, else legacy API)."""
-    from tracekit.analysis import jaeger_api
+    from tracekit.analysis.ingest import jaeger_api
 
     started = time.perf_counter()
     responses = jaeger_api.fetch_traces(

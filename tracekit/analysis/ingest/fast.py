@@ -84,7 +84,7 @@ _BLOCK = 1 << 24
 def _sections() -> dict[str, list[str]]:
     """The statements of each ``-- name:`` section of ``sql/ingest_otlp_lines.sql``."""
     text = (
-        importlib.resources.files("tracekit.analysis")
+        importlib.resources.files("tracekit.analysis.store")
         .joinpath("sql/ingest_otlp_lines.sql")
         .read_text()
     )

@@ -41,7 +41,7 @@ _CASTS = {
 def statements() -> dict[str, str]:
     """The named statements of ``sql/ingest_finalize.sql``."""
     text = (
-        importlib.resources.files("tracekit.analysis")
+        importlib.resources.files("tracekit.analysis.store")
         .joinpath("sql/ingest_finalize.sql")
         .read_text()
     )

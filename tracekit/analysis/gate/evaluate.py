@@ -37,9 +37,16 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis import budgets as bg
-from tracekit.analysis import gate_report
-from tracekit.analysis.gate_report import (
+from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.stats import (
+    MIN_TAIL_SAMPLES,
+    holm_adjust,
+    tail_samples,
+    weighted_quantiles,
+)
+from tracekit.analysis.gate import budgets as bg
+from tracekit.analysis.gate import wording as gate_report
+from tracekit.analysis.gate.model import (
     BEYOND,
     FAIL,
     FEW_TAIL,
@@ -48,19 +55,17 @@ from tracekit.analysis.gate_report import (
     STRADDLES,
     WITHIN,
     ZERO_BASELINE,
+    GateCheck,
+    GateVerdict,
+    GateWarning,
+    ReleaseInfo,
+    Samples,
 )
-from tracekit.analysis.gate_stats import (
+from tracekit.analysis.gate.statistics import (
     holm_bounds,
     holm_levels,
     split_counts,
     window_bootstrap_quantiles,
-)
-from tracekit.analysis.release import ReleaseData, load_release
-from tracekit.analysis.stats import (
-    MIN_TAIL_SAMPLES,
-    holm_adjust,
-    tail_samples,
-    weighted_quantiles,
 )
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
@@ -75,73 +80,6 @@ DEFAULT_BOOTSTRAP = 2000
 DEFAULT_CONFIDENCE = 0.95
 
 FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Sampled requests in each release, and how many lie at or above the quantile."""
-
-    before: int
-    after: int
-    before_tail: int
-    after_tail: int
-
-
-@dataclass(frozen=True)
-class GateCheck:
-    """One budget's outcome. Relative values are fractions (0.1 = +10%), others ms."""
-
-    name: str
-    metric: str
-    """``latency`` or ``stage.<name>``."""
-    quantile: float
-    kind: str
-    """``relative``, ``delta`` or ``absolute``."""
-    op: str
-    result: str
-    reason: str
-    """``within``, ``beyond``, ``straddles``, ``too_few_tail_samples`` or ``zero_baseline``."""
-    observed: float
-    """The checked statistic: relative change, change in ms, or the after quantile in ms."""
-    budget: float
-    """The limit the interval was compared with (raised by the minimum effect if needed)."""
-    budget_text: str
-    """The limit as the user wrote it, canonically (``+10%``, ``40ms``)."""
-    ci_low: float
-    ci_high: float
-    samples: Samples
-    needed_samples: int | None
-    """Roughly how many requests per release would decide an inconclusive check."""
-    before_ms: float
-    after_ms: float
-    p_fail: float
-    """Holm-adjusted p-value of "within budget" (small: the budget is exceeded)."""
-    p_pass: float
-    """Holm-adjusted p-value of "beyond budget" (small: the budget holds)."""
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class GateVerdict:
-    """The diff's answer to "which stage grew the tail, and what kind of time"."""
-
-    primary_stage: str | None
-    kind: str
-    summary: str
-    share: float | None = None
-    """Fraction of the p99 growth the primary stage explains."""
-
-
-@dataclass(frozen=True)
-class GateWarning:
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    label: str
-    requests: int
 
 
 @dataclass(frozen=True)
@@ -415,7 +353,7 @@ def _diff_verdict(
 ) -> tuple[GateVerdict | None, list[GateWarning]]:
     """The diff's verdict, or a warning saying why there is none (the gate still decides)."""
     try:
-        from tracekit.analysis.diff import compute_diff
+        from tracekit.analysis.compare.diff import compute_diff
 
         diff = compute_diff(before, after, confidence=confidence, seed=seed)
         v = diff.verdict

@@ -1,7 +1,7 @@
 """Derived tables ``requests`` and ``request_stages``, rebuilt from ``spans``.
 
 :func:`refresh` reads the spans of the chosen traces in one ordered query, runs
-:func:`tracekit.analysis.critical_path.analyse_trace` on each trace, and writes the
+:func:`tracekit.analysis.attribution.critical_path.analyse_trace` on each trace, and writes the
 results back in bulk (delete, then insert from in-memory columns, in one transaction),
 so running it twice changes nothing. Request-level attributes (release, route, error,
 in-flight count, utilisation) are read from the root span's row by SQL in the same
@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 
 from tracekit import conventions as cv
-from tracekit.analysis import critical_path as cp
+from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.store import Store, schema_sql
 from tracekit.errors import QueryError
 

@@ -2,8 +2,8 @@
 
 The result (:class:`DiffResult`) is the JSON contract in DESIGN.md: quantile deltas with
 bootstrap intervals, the tail cohort compared stage by stage, the counterfactual
-attribution of the tail growth (:mod:`tracekit.analysis.counterfactual`), a verdict
-sentence, over-represented attribute values (:mod:`tracekit.analysis.bubbleup`),
+attribution of the tail growth (:mod:`tracekit.analysis.cohorts.counterfactual`), a verdict
+sentence, over-represented attribute values (:mod:`tracekit.analysis.cohorts.bubbleup`),
 exemplar traces and flags. :func:`compute_diff` is pure (two :class:`ReleaseData`);
 :func:`diff_releases` loads them from the store and adds the attribute ranking.
 """
@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit import conventions as cv
-from tracekit.analysis import counterfactual as cf
-from tracekit.analysis.bubbleup import AttributeLift, rank_attributes
-from tracekit.analysis.release import ReleaseData, load_release, order_stages
-from tracekit.analysis.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
-from tracekit.analysis.store import Store
-from tracekit.analysis.wording import (
+from tracekit.analysis.cohorts import counterfactual as cf
+from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
+from tracekit.analysis.cohorts.release import ReleaseData, load_release, order_stages
+from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
+from tracekit.analysis.compare.wording import (
     Flag,
     cpu_flag,
     few_requests_flag,
     quantile_name,
     verdict_sentence,
 )
+from tracekit.analysis.store import Store
 
 EXEMPLARS = 3
 

@@ -1,7 +1,7 @@
 """One release's requests as numpy arrays: the input of diff, slow, gate and autoscale.
 
 Reads the derived tables ``requests`` and ``request_stages`` (filled by
-:func:`tracekit.analysis.attribution.refresh`) and pivots the per-stage critical-path
+:func:`tracekit.analysis.attribution.per_request.refresh`) and pivots the per-stage critical-path
 times into a (requests × stages) matrix, so every statistic downstream is vectorised.
 Times are milliseconds (float64), as in every output tracekit writes.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tracekit import conventions as cv
 from tracekit.analysis.store import Store
+from tracekit.conventions import order_stages
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
@@ -64,15 +64,6 @@ class ReleaseData:
         if stage not in self.stages:
             return np.zeros(self.n)
         return self.stage_ms[:, self.stages.index(stage)]
-
-
-def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Built-in stages in request order, then others alphabetically, then unattributed."""
-    names = set(names)
-    builtin = [s for s in cv.STAGES if s in names]
-    others = sorted(s for s in names if s not in cv.STAGES and s != cv.UNATTRIBUTED)
-    tail = [cv.UNATTRIBUTED] if cv.UNATTRIBUTED in names else []
-    return tuple(builtin + others + tail)
 
 
 _SELECTED = """

@@ -2,7 +2,7 @@
 
 The gate bootstraps more replicates than the diff (its Holm-adjusted tails sit at
 (1 − confidence)/2/m, so it needs about 1/level replicates to resolve them); the
-windowed bootstrap in :mod:`tracekit.analysis.stats` keeps that cheap.
+windowed bootstrap in :mod:`tracekit.analysis.cohorts.stats` keeps that cheap.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from tracekit.analysis.stats import window_bootstrap_quantiles
+from tracekit.analysis.cohorts.stats import window_bootstrap_quantiles
 
 __all__ = ["holm_bounds", "holm_levels", "split_counts", "window_bootstrap_quantiles"]
 

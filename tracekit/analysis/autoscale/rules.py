@@ -3,8 +3,8 @@
 A :class:`ScalingRule` is the part of a Kubernetes ``autoscaling/v2``
 HorizontalPodAutoscaler, a KEDA ``ScaledObject`` or a Ray Serve ``autoscaling_config``
 that decides replica counts: the metrics with their targets, min/max replicas, the
-tolerance, and the scale-up / scale-down behaviour. :func:`load_rule` reads any of the
-three files (YAML or JSON); :mod:`tracekit.analysis.rule_files` holds the parsers.
+tolerance, and the scale-up / scale-down behaviour. :func:`~tracekit.analysis.autoscale.rule_files.load_rule` reads any of the
+three files (YAML or JSON); :mod:`tracekit.analysis.autoscale.rule_files` holds the parsers.
 
 :func:`replay` runs the controller's arithmetic once per window:
 ``desired = ceil(current × value / target)`` per metric, skipped inside the tolerance
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 from tracekit.errors import ConfigError
@@ -214,16 +213,6 @@ def rule_from_flags(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
     )
-
-
-def load_rule(path: str | Path) -> ScalingRule:
-    """The rule in an HPA, KEDA ScaledObject or Ray Serve file (YAML or JSON).
-
-    Malformed fields raise :class:`ConfigError` naming the file and the field's path.
-    """
-    from tracekit.analysis.rule_files import load_rule as _load
-
-    return _load(path)
 
 
 # --- replay ---------------------------------------------------------------------------

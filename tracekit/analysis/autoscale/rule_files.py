@@ -3,7 +3,7 @@
 :func:`load_rule` reads YAML or JSON (JSON is YAML), finds the first document that is a
 ``HorizontalPodAutoscaler`` (``autoscaling/v2``, ``v2beta2`` or ``v1``), a KEDA
 ``ScaledObject`` or a Ray Serve config carrying an ``autoscaling_config``, and turns it
-into a :class:`~tracekit.analysis.scaling_rules.ScalingRule`. Every malformed field is a
+into a :class:`~tracekit.analysis.autoscale.rules.ScalingRule`. Every malformed field is a
 :class:`~tracekit.errors.ConfigError` naming the file and the field's path, e.g.
 ``hpa.yaml: spec.metrics[0].resource.target.averageUtilization: expected a number``.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tracekit.analysis import scaling_rules as sr
+from tracekit.analysis.autoscale import rules as sr
 from tracekit.errors import ConfigError
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]*)$")

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from tracekit import conventions as cv
-from tracekit.analysis.release import NS_PER_MS
+from tracekit.analysis.cohorts.release import NS_PER_MS
 from tracekit.analysis.store import Store
 
 MAX_CARDINALITY = 50

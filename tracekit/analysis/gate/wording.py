@@ -1,6 +1,6 @@
 """The gate's sentences: one message per check, the summary line, requests still needed.
 
-Kept apart from :mod:`tracekit.analysis.gate` (the statistics) because the wording is
+Kept apart from :mod:`tracekit.analysis.gate.evaluate` (the statistics) because the wording is
 rebuilt when the diff's verdict arrives, and because a reviewer reads these lines in a
 pull request: each names the quantile, the change with its interval, the budget, and
 (for a failing request-latency check) the stage and kind of time that grew.
@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from tracekit.analysis import budgets as bg
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tracekit.analysis.gate import GateCheck, GateVerdict, ReleaseInfo
-
-PASS = "pass"
-FAIL = "fail"
-INCONCLUSIVE = "inconclusive"
-
-# Why a check came out as it did (``GateCheck.reason``).
-WITHIN = "within"
-BEYOND = "beyond"
-STRADDLES = "straddles"
-FEW_TAIL = "too_few_tail_samples"
-ZERO_BASELINE = "zero_baseline"
+from tracekit.analysis.gate import budgets as bg
+from tracekit.analysis.gate.model import (
+    FAIL,
+    FEW_TAIL,
+    PASS,
+    STRADDLES,
+    ZERO_BASELINE,
+    GateCheck,
+    GateVerdict,
+    ReleaseInfo,
+)
 
 _KIND_WORDS = {"wait": "wait", "compute": "compute", "hidden_wait": "hidden wait"}
 

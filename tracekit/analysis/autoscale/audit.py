@@ -5,9 +5,9 @@ request rate, the objective's latency quantile, the replicas seen (distinct
 ``service.instance.id``), and every candidate signal as a controller would see it —
 CPU/GPU utilisation averaged per replica, in-flight and queue depth per replica, request
 rate per replica, and the latency quantile. The configured rule is replayed over those
-windows (:func:`tracekit.analysis.scaling_rules.replay`); a window that broke the
+windows (:func:`tracekit.analysis.autoscale.rules.replay`); a window that broke the
 objective while the rule would not have scaled up is *missed*. The signals are ranked
-(:mod:`tracekit.analysis.signal_ranking`) and the best one gets a target.
+(:mod:`tracekit.analysis.autoscale.signal_ranking`) and the best one gets a target.
 
 Windows with fewer requests than the quantile needs (``1/(1-q)``, at least 10) keep
 their numbers but count neither as violating nor as healthy.
@@ -16,7 +16,6 @@ their numbers but count neither as violating nor as healthy.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,62 +23,17 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tracekit.analysis import scaling_rules as sr
-from tracekit.analysis import signal_ranking as ranking
-from tracekit.analysis.release import concat_releases, load_release
-from tracekit.analysis.stats import weighted_quantile
+from tracekit.analysis.autoscale import rules as sr
+from tracekit.analysis.autoscale import signal_ranking as ranking
+from tracekit.analysis.autoscale.model import Slo, Window, min_requests_for, parse_slo
+from tracekit.analysis.cohorts.release import concat_releases, load_release
+from tracekit.analysis.cohorts.stats import weighted_quantile
 from tracekit.analysis.store import Store
 from tracekit.errors import ConfigError, QueryError
 
-_SLO = re.compile(
-    r"^\s*p(\d{1,2}(?:\.\d+)?)\s*(<=?)\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$", re.IGNORECASE
-)
-
-
-@dataclass(frozen=True)
-class Slo:
-    """A latency objective: the ``quantile`` of each window stays below ``threshold_ms``."""
-
-    quantile: float
-    threshold_ms: float
-    inclusive: bool = False
-    """``p95<=200ms``: exactly 200 ms still meets it."""
-
-    @property
-    def label(self) -> str:
-        return "p" + f"{self.quantile * 100:.1f}".rstrip("0").rstrip(".")
-
-    @property
-    def text(self) -> str:
-        return f"{self.label}{'<=' if self.inclusive else '<'}{self.threshold_ms:g}ms"
-
-    def broken_by(self, latency_ms: float) -> bool:
-        if self.inclusive:
-            return latency_ms > self.threshold_ms
-        return latency_ms >= self.threshold_ms
-
-
-def parse_slo(text: str) -> Slo:
-    """``"p95<200ms"`` → Slo(0.95, 200.0); ``p99.9<=1s`` works too."""
-    m = _SLO.match(text)
-    if not m:
-        raise ConfigError(f"--slo {text!r}: expected a quantile and a bound, e.g. 'p95<200ms'")
-    q = float(m.group(1)) / 100.0
-    if not 0.0 < q < 1.0:
-        raise ConfigError(f"--slo {text!r}: the quantile must lie between p0 and p100")
-    bound = float(m.group(3)) * (1000.0 if (m.group(4) or "ms").lower() == "s" else 1.0)
-    if bound <= 0:
-        raise ConfigError(f"--slo {text!r}: the bound must be positive")
-    return Slo(q, bound, inclusive=m.group(2) == "<=")
-
-
-def min_requests_for(q: float) -> int:
-    """Requests a window needs before its q-quantile means something: one beyond it."""
-    return max(10, math.ceil(1.0 / (1.0 - q) - 1e-9))
-
 
 class Timeline(Protocol):
-    """What the audit reads; :class:`~tracekit.analysis.release.ReleaseData` fits."""
+    """What the audit reads; :class:`~tracekit.analysis.cohorts.release.ReleaseData` fits."""
 
     label: str
     start_ns: npt.NDArray[np.int64]
@@ -90,27 +44,6 @@ class Timeline(Protocol):
     queue_depth: npt.NDArray[np.float64]
     cpu_utilization: npt.NDArray[np.float64]
     gpu_utilization: npt.NDArray[np.float64]
-
-
-@dataclass
-class Window:
-    """One window of the time line, with the rule's decision in it."""
-
-    index: int
-    start_s: float
-    """Seconds since the first request."""
-    start_ns: int
-    requests: int
-    rate_rps: float
-    latency_ms: float
-    replicas: int
-    signals: dict[str, float]
-    """Each candidate signal as a controller sees it (NaN where the traces lack it)."""
-    sufficient: bool
-    violating: bool = False
-    desired_replicas: int = 0
-    scale_up: bool = False
-    missed: bool = False
 
 
 @dataclass
@@ -224,7 +157,7 @@ def _first_scale_up(windows: list[Window], first_violation: int | None) -> int |
     """Start of the scale-up run that answers the first violation.
 
     Scale-ups long before the violation answered something else; the search starts
-    :data:`~tracekit.analysis.signal_ranking.LEAD_HORIZON` windows before it and then
+    :data:`~tracekit.analysis.autoscale.signal_ranking.LEAD_HORIZON` windows before it and then
     follows the run back to where it began.
     """
     if first_violation is None:

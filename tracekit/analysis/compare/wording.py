@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis.release import ReleaseData
-from tracekit.analysis.stats import QuantileDelta
+from tracekit.analysis.cohorts.release import ReleaseData
+from tracekit.analysis.cohorts.stats import QuantileDelta
 
 FEW_REQUESTS = 100
 """Fewer requests than this in a release: quantile estimates rest on a handful."""

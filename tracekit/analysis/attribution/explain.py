@@ -1,7 +1,7 @@
 """One trace explained: its spans as a waterfall, the critical path, and the stage split.
 
 :func:`explain_trace` reads one trace's spans from the store, runs the same walk as
-:func:`tracekit.analysis.attribution.refresh`, and returns an :class:`Explanation`
+:func:`tracekit.analysis.attribution.per_request.refresh`, and returns an :class:`Explanation`
 that the renderers in :mod:`tracekit.render.explain` draw. It works from ``spans``
 alone, so a trace can be explained before (or without) a refresh.
 """
@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from tracekit import conventions as cv
-from tracekit.analysis import attribution
-from tracekit.analysis import critical_path as cp
-from tracekit.analysis.release import order_stages
+from tracekit.analysis.attribution import critical_path as cp
+from tracekit.analysis.attribution import per_request as attribution
 from tracekit.analysis.store import Store
+from tracekit.conventions import order_stages
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0

@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis.release import ReleaseData, order_stages
-from tracekit.analysis.stats import MIN_TAIL_SAMPLES, tail_samples, weighted_quantile
+from tracekit.analysis.cohorts.release import ReleaseData, order_stages
+from tracekit.analysis.cohorts.stats import MIN_TAIL_SAMPLES, tail_samples, weighted_quantile
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -2,7 +2,7 @@
 
 The schema lives in ``sql/schema.sql``. Spans are keyed by (trace_id, span_id), so
 re-ingesting a file changes nothing. Derived tables (``requests``, ``request_stages``)
-are rebuilt by :func:`tracekit.analysis.attribution.refresh`.
+are rebuilt by :func:`tracekit.analysis.attribution.per_request.refresh`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ SPAN_TYPES: dict[str, str] = {c: _NON_VARCHAR.get(c, "VARCHAR") for c in SPAN_CO
 
 def schema_sql() -> str:
     """The DDL that creates every table (idempotent)."""
-    return importlib.resources.files("tracekit.analysis").joinpath("sql/schema.sql").read_text()
+    return (
+        importlib.resources.files("tracekit.analysis.store").joinpath("sql/schema.sql").read_text()
+    )
 
 
 class Store:

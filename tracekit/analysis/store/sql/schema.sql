@@ -1,5 +1,5 @@
 -- tracekit store schema. One row per span in `spans`; `requests` and `request_stages`
--- are derived by tracekit.analysis.attribution.refresh() after each ingest.
+-- are derived by tracekit.analysis.attribution.per_request.refresh() after each ingest.
 -- IDs are lower-case hex (trace 32 chars, span 16 chars); times are integer nanoseconds.
 
 CREATE TABLE IF NOT EXISTS spans (

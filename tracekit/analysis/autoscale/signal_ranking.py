@@ -31,15 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from tracekit.analysis import scaling_rules as sr
-
-if TYPE_CHECKING:
-    from tracekit.analysis.autoscale import Slo, Window
+from tracekit.analysis.autoscale import rules as sr
+from tracekit.analysis.autoscale.model import Slo, Window
 
 LEAD_HORIZON = 3
 """Windows before the first violation that count as leading it."""

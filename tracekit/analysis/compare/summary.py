@@ -19,13 +19,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis import counterfactual as cf
-from tracekit.analysis.bubbleup import AttributeLift, rank_attributes
-from tracekit.analysis.diff import EXEMPLARS, Exemplar
-from tracekit.analysis.release import ReleaseData, load_release
-from tracekit.analysis.stats import DEFAULT_QUANTILES, weighted_quantiles
-from tracekit.analysis.store import Store
-from tracekit.analysis.wording import (
+from tracekit.analysis.cohorts import counterfactual as cf
+from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
+from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, weighted_quantiles
+from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar
+from tracekit.analysis.compare.wording import (
     Flag,
     few_requests_flag,
     issue_phrase,
@@ -33,6 +32,7 @@ from tracekit.analysis.wording import (
     quantile_name,
     split_sentence,
 )
+from tracekit.analysis.store import Store
 from tracekit.errors import QueryError
 
 SECOND_STAGE_SHARE = 0.2

@@ -2,7 +2,7 @@
 
 :func:`analyse_trace` takes one trace's spans as aligned lists (:class:`TraceInput`)
 and returns a :class:`TraceAnalysis`, or a skip reason. It never touches the store;
-:mod:`tracekit.analysis.attribution` feeds it in bulk and :mod:`tracekit.analysis.explain`
+:mod:`tracekit.analysis.attribution.per_request` feeds it in bulk and :mod:`tracekit.analysis.attribution.explain`
 uses its per-span results to draw a waterfall.
 
 The walk is the last-finishing-child walk of Jaeger UI and Uber's CRISP: from the

@@ -1,0 +1,1 @@
+"""Attribution: each request's critical path split by stage, and one trace explained."""

@@ -1,0 +1,1 @@
+"""Cohorts: a release as weighted arrays, its statistics, counterfactuals and attribute lift."""

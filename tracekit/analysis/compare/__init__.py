@@ -1,0 +1,1 @@
+"""Compare: before vs after (diff), slow vs fast (summary/slow), and the words for both."""
