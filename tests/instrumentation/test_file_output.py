@@ -126,9 +126,11 @@ def produce(path: Path) -> None:
                 assert client.get(f"{ranker_url}/predict/7").json() == {"rid": 7, "y": 70}
                 assert client.get(f"{ranker_url}/fails").status_code == 503
         # outside any request: a stage as a root, inside a user span, and failing
-        with trace.get_tracer("user.code").start_as_current_span("user-root"):
-            with tracekit.stage("inside-user-span"):
-                pass
+        with (
+            trace.get_tracer("user.code").start_as_current_span("user-root"),
+            tracekit.stage("inside-user-span"),
+        ):
+            pass
         try:
             with tracekit.stage("root-stage", time_kind=c.WAIT):
                 raise ValueError("bad input")

@@ -35,21 +35,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard, _state
-from tracekit.instrumentation.setup import tracer
+from tracekit.instrumentation._spans import FAST_PROVIDER, attach_span, current_context, detach
 from tracekit.instrumentation.stages import record_error
 from tracekit.instrumentation.torch import BATCH_SINK
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-_TRACER = tracer("tracekit.batching")
+# FastSpans: cheap on the request path (enqueue) and in the batch loop, built later
+_TRACER = FAST_PROVIDER.get_tracer("tracekit.batching")
 _ids = itertools.count(1)
 
 
@@ -61,7 +61,7 @@ class Ticket:
     def __init__(self, recorder: BatchRecorder, enqueued_ns: int) -> None:
         self._recorder = recorder
         self.enqueued_ns = enqueued_ns
-        self.parent: Context = otel_context.get_current()
+        self.parent: Context = current_context()
         current = _state.REQUEST_SPAN.get() or trace.get_current_span()
         self.request: trace.SpanContext = current.get_span_context()
         self.span: trace.Span = trace.INVALID_SPAN
@@ -115,12 +115,12 @@ class Batch:
         self._done = False
 
     def __enter__(self) -> Batch:
-        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        self._token = attach_span(self.span)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self._token is not None:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
+            detach(self._token)
             self._token = None
         self.finish(exc)
 
@@ -363,7 +363,7 @@ class DynamicBatcher(Generic[T, R]):
             _guard.report("batch start", exc)
             batch = None
         sink_token = BATCH_SINK.set(sink)
-        ctx_token = otel_context.attach(trace.set_span_in_context(batch.span)) if batch else None
+        ctx_token = attach_span(batch.span) if batch else None
         try:
             items = [m.item for m in members]
             if self._is_async:
@@ -397,7 +397,7 @@ class DynamicBatcher(Generic[T, R]):
             error = exc
         finally:
             if ctx_token is not None:
-                otel_context.detach(ctx_token)
+                detach(ctx_token)
             BATCH_SINK.reset(sink_token)
             slots.release()
         if batch is not None:

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
+from tracekit.instrumentation._recorder import RECORDER
 from tracekit.instrumentation.exporters import ExportPipeline, OTLPJsonFileExporter, quiet_repeats
 
 # --- environment: each variable declared once ----------------------------------
@@ -325,6 +326,7 @@ def configure(
             provider.add_span_processor(pipeline)
         _STATE.provider, _STATE.key, _STATE.pipelines = provider, key, pipelines
         _STATE.generation += 1
+        RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
         return provider
 
@@ -350,6 +352,8 @@ def current_provider() -> TracerProvider | None:
 
 def flush(timeout_s: float = 10.0) -> bool:
     """Export every finished span now; True when all pipelines flushed."""
+    RECORDER.drain()
+    RECORDER.check()
     provider = _STATE.provider
     return provider.force_flush(int(timeout_s * 1000)) if provider is not None else True
 
@@ -359,7 +363,9 @@ def shutdown(timeout_s: float = 5.0) -> None:
     from tracekit.instrumentation import sampler
 
     sampler.stop()
+    RECORDER.stop()
     _close(timeout_s)
+    RECORDER.check()
 
 
 def _close(timeout_s: float) -> None:
@@ -369,6 +375,14 @@ def _close(timeout_s: float) -> None:
         _STATE.generation += 1
     if provider is None:
         return
+    # spans that ended under this provider are built into it before its exporters close
+    RECORDER.drain()
+    if RECORDER.dropped:
+        _guard.logger.warning(
+            "tracekit: %d spans were dropped before export because the span buffer was full.",
+            RECORDER.dropped,
+        )
+        RECORDER.dropped = 0
     for pipeline in pipelines:
         # each pipeline bounds its own shutdown; the provider's would wait 30 s each
         pipeline.shutdown(timeout_s)

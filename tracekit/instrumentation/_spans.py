@@ -1,0 +1,481 @@
+"""Spans that cost the request path a few microseconds: :class:`FastSpan` and its tracer.
+
+An OpenTelemetry SDK span costs tens of microseconds to start and end (locks, bounded
+attribute maps, processor calls, a ``ReadableSpan`` copy at the end). A ``FastSpan``
+takes ids and times and keeps references to what it is given; calls made on it while
+it is open (attributes, events, status) are noted in order. When it ends it goes to
+the :mod:`._recorder` buffer, whose thread replays it into a real SDK span of the
+provider that was current when it started: same ids, times, parent, links,
+attributes, events and status, through every ``SpanProcessor`` and exporter.
+
+It interoperates with plain OpenTelemetry both ways because it *is* a span in the OTel
+context while open: ``trace.get_current_span()`` returns it, its
+``get_span_context()`` carries its real ids (built on first use), so ``traceparent``
+injection and SDK spans started inside it name it as parent; and a ``FastSpan``
+started under anyone's span takes that span as its parent. Sampling follows the
+provider's sampler: a parent-based one (tracekit's always is) decides from the
+parent's flag without a call; any other sampler is asked, as the SDK would.
+
+:class:`FastTracer` has the ``trace.Tracer`` interface, so OTel instrumentations given
+:data:`FAST_PROVIDER` (tracekit's httpx client spans) record this way too.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace import _Span
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.semconv.attributes.exception_attributes import (
+    EXCEPTION_ESCAPED,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
+)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.status import Status, StatusCode
+
+from tracekit.instrumentation import setup
+from tracekit.instrumentation._recorder import RECORDER
+
+_INTERNAL = SpanKind.INTERNAL
+_SAMPLED = int(TraceFlags.SAMPLED)
+_RANDOM = int(TraceFlags.RANDOM_TRACE_ID)
+_INVALID = trace.INVALID_SPAN
+_bits = random.getrandbits
+_time_ns = time.time_ns
+_put = RECORDER.put
+
+# --- the OTel context, without the API's indirections ------------------------------
+# The API's attach/detach go through two layers of calls and a try/except each; with
+# the default contextvars runtime the same thing is one ContextVar set/reset.
+_runtime: Any = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+if isinstance(_runtime, ContextVarsRuntimeContext):
+    _VAR = _runtime._current_context
+    current_context: Callable[[], Context] = _VAR.get
+
+    def attach_span(span: trace.Span) -> object:
+        """Make ``span`` current; returns the token for :func:`detach`."""
+        ctx = dict(_VAR.get())
+        ctx[_SPAN_KEY] = span
+        return _VAR.set(Context(ctx))
+
+    def detach(token: Any) -> None:
+        """Undo :func:`attach_span` (a token from another context is logged, as OTel does)."""
+        try:
+            _VAR.reset(token)
+        except Exception:
+            otel_context.detach(token)
+
+else:  # pragma: no cover - a custom OTEL_PYTHON_CONTEXT runtime
+    current_context = otel_context.get_current
+
+    def attach_span(span: trace.Span) -> object:
+        return otel_context.attach(trace.set_span_in_context(span))
+
+    def detach(token: Any) -> None:
+        otel_context.detach(token)
+
+
+def _new_span_id() -> int:
+    return _bits(64) or _bits(64) or 1
+
+
+class _Sink:
+    """The SDK tracer of one instrumentation scope in one ``configure()`` generation."""
+
+    __slots__ = ("tracer", "follows_parent", "random_ids")
+
+    def __init__(self, tracer: SdkTracer) -> None:
+        self.tracer = tracer
+        s: Any = tracer.sampler
+        # ParentBased with its default delegates: a child's decision is its parent's flag
+        self.follows_parent = (
+            isinstance(s, ParentBased)
+            and s._local_parent_sampled is ALWAYS_ON
+            and s._remote_parent_sampled is ALWAYS_ON
+            and s._local_parent_not_sampled is ALWAYS_OFF
+            and s._remote_parent_not_sampled is ALWAYS_OFF
+        )
+        self.random_ids = type(tracer.id_generator) is RandomIdGenerator
+
+
+class FastSpan(trace.Span):
+    """A span recorded as plain fields and built into an SDK span after it ends."""
+
+    __slots__ = (
+        "_sink", "_name", "_kind", "_trace_id", "_span_id", "_flags", "_trace_state",
+        "_parent", "_pctx", "_attrs", "_links", "_start", "_end", "_ctx",
+        "_sets", "_events", "_status", "_more_links", "_rename", "_exc_opts",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        sink: _Sink,
+        name: str,
+        kind: SpanKind,
+        trace_id: int,
+        span_id: int,
+        flags: int,
+        trace_state: Any,
+        parent: FastSpan | SpanContext | None,
+        pctx: Context | None,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[trace.Link] | None,
+        start_time: int | None,
+        exc_opts: tuple[bool, bool],
+    ) -> None:
+        self._sink, self._name, self._kind = sink, name, kind
+        self._trace_id, self._span_id, self._flags = trace_id, span_id, flags
+        self._trace_state, self._parent, self._pctx = trace_state, parent, pctx
+        self._attrs, self._links, self._exc_opts = attributes, links, exc_opts
+        self._start = start_time if start_time is not None else _time_ns()
+        self._end: int | None = None
+        self._ctx: SpanContext | None = None
+        self._sets: list[tuple[str, Any]] | None = None
+        self._events: list[tuple[str, Any, int]] | None = None
+        self._status: list[tuple[Any, str | None]] | None = None
+        self._more_links: list[tuple[SpanContext, Any]] | None = None
+        self._rename: str | None = None
+
+    def __repr__(self) -> str:
+        return f"FastSpan(name={self._name!r}, span_id={self._span_id:016x})"
+
+    # --- the trace.Span interface -------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = SpanContext(
+                self._trace_id,
+                self._span_id,
+                is_remote=False,
+                trace_flags=TraceFlags(self._flags),
+                trace_state=self._trace_state,
+            )
+        return ctx
+
+    def is_recording(self) -> bool:
+        return self._end is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end is None:
+            if self._sets is None:
+                self._sets = [(key, value)]
+            else:
+                self._sets.append((key, value))
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self._end is None:
+            if self._sets is None:
+                self._sets = list(attributes.items())
+            else:
+                self._sets.extend(attributes.items())
+
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        if self._end is None:
+            event = (name, dict(attributes) if attributes else None, timestamp or _time_ns())
+            if self._events is None:
+                self._events = [event]
+            else:
+                self._events.append(event)
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        if self._end is None:
+            if self._more_links is None:
+                self._more_links = []
+            self._more_links.append((context, dict(attributes) if attributes else None))
+
+    def update_name(self, name: str) -> None:
+        if self._end is None:
+            self._rename = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end is None:
+            if self._status is None:
+                self._status = []
+            self._status.append((status, description))
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        # formatted now, as the SDK does: holding the exception until the build
+        # would keep its frames (and their tensors) alive
+        cls = type(exception)
+        module, qualname = cls.__module__, cls.__qualname__
+        attrs: dict[str, Any] = {
+            EXCEPTION_TYPE: f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            EXCEPTION_MESSAGE: str(exception),
+            EXCEPTION_STACKTRACE: "".join(traceback.format_exception(exception)),
+            EXCEPTION_ESCAPED: str(escaped),
+        }
+        if attributes:
+            attrs.update(attributes)
+        self.add_event("exception", attrs, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end is None:
+            self._end = end_time if end_time is not None else _time_ns()
+            _put(self)
+
+    # --- off the request path ----------------------------------------------------------
+    def _build(self) -> None:
+        """Replay this span into an SDK span of its provider (the recorder's thread calls this)."""
+        t = self._sink.tracer
+        parent = self._parent
+        if isinstance(parent, FastSpan):
+            parent = parent.get_span_context()
+        record_exception, set_status_on_exception = self._exc_opts
+        span = _Span(
+            name=self._name,
+            context=self.get_span_context(),
+            parent=parent,
+            sampler=t.sampler,
+            resource=t.resource,
+            attributes=self._attrs,
+            span_processor=t.span_processor,
+            kind=self._kind,
+            links=self._links or (),
+            instrumentation_info=t.instrumentation_info,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+            limits=t._span_limits,
+            instrumentation_scope=t._instrumentation_scope,
+        )
+        span.start(start_time=self._start, parent_context=self._pctx)
+        for key, value in self._sets or ():
+            span.set_attribute(key, value)
+        for name, attrs, ts in self._events or ():
+            span.add_event(name, attrs, ts)
+        for ctx, attrs in self._more_links or ():
+            span.add_link(ctx, attrs)
+        for status, description in self._status or ():
+            span.set_status(status, description)
+        if self._rename is not None:
+            span.update_name(self._rename)
+        self._parent = self._pctx = None  # a child's reference must not keep contexts alive
+        span.end(end_time=self._end)
+
+
+class _AsCurrent:
+    """``start_as_current_span``'s context manager, as ``trace.use_span`` behaves."""
+
+    __slots__ = ("span", "token", "end_on_exit", "record_exception", "set_status")
+
+    def __init__(self, span: trace.Span, end_on_exit: bool, record: bool, status: bool) -> None:
+        self.span, self.end_on_exit = span, end_on_exit
+        self.token: object = None
+        self.record_exception, self.set_status = record, status
+
+    def __enter__(self) -> trace.Span:
+        self.token = attach_span(self.span)
+        return self.span
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span = self.span
+        detach(self.token)
+        # like use_span: only Exception subclasses (not GeneratorExit, cancellation) are errors
+        if isinstance(exc, Exception) and span.is_recording():
+            if self.record_exception:
+                span.record_exception(exc)
+            if self.set_status:
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        if self.end_on_exit:
+            span.end()
+
+
+class FastTracer(trace.Tracer):
+    """A ``trace.Tracer`` whose spans are :class:`FastSpan`\\ s of the current configuration.
+
+    Before ``configure()`` (and after ``shutdown()``) its spans are no-ops, as the
+    proxy tracer's are.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Any = None,
+    ) -> None:
+        self._scope = (name, version, schema_url, attributes)
+        self._generation = -1
+        self._sink: _Sink | None = None
+
+    def _refresh(self) -> _Sink | None:
+        state = setup._STATE
+        provider = state.provider
+        tracer = provider.get_tracer(*self._scope) if provider is not None else None
+        self._sink = _Sink(tracer) if isinstance(tracer, SdkTracer) else None
+        self._generation = state.generation
+        return self._sink
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = _INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        links: Sequence[trace.Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        sink = self._sink if self._generation == setup._STATE.generation else self._refresh()
+        if sink is None:
+            return _INVALID
+        ctx = current_context() if context is None else context
+        parent = ctx.get(_SPAN_KEY)
+        if sink.follows_parent and parent is not None:
+            if type(parent) is FastSpan and parent._flags & _SAMPLED:
+                return FastSpan(
+                    sink, name, kind, parent._trace_id,
+                    _bits(64) or _new_span_id() if sink.random_ids else sink.tracer.id_generator.generate_span_id(),
+                    parent._flags, parent._trace_state, parent, ctx, attributes, links,
+                    start_time, (record_exception, set_status_on_exception),
+                )  # fmt: skip
+            psc: SpanContext = parent.get_span_context()  # type: ignore[attr-defined]
+            if psc.is_valid:
+                flags = int(psc.trace_flags)
+                if not flags & _SAMPLED:
+                    # parent not sampled: neither is this, and nothing is recorded
+                    return NonRecordingSpan(
+                        SpanContext(
+                            psc.trace_id,
+                            sink.tracer.id_generator.generate_span_id(),
+                            is_remote=False,
+                            trace_flags=TraceFlags(flags & _RANDOM),
+                            trace_state=psc.trace_state,
+                        )
+                    )
+                return FastSpan(
+                    sink, name, kind, psc.trace_id,
+                    _bits(64) or _new_span_id() if sink.random_ids else sink.tracer.id_generator.generate_span_id(),
+                    _SAMPLED | (flags & _RANDOM), psc.trace_state, psc, ctx, attributes, links,
+                    start_time, (record_exception, set_status_on_exception),
+                )  # fmt: skip
+        return self._ask_sampler(
+            sink, name, context, ctx, parent, kind, attributes, links, start_time,
+            (record_exception, set_status_on_exception),
+        )  # fmt: skip
+
+    def _ask_sampler(
+        self,
+        sink: _Sink,
+        name: str,
+        context: Context | None,
+        ctx: Context,
+        parent: Any,
+        kind: SpanKind,
+        attributes: Mapping[str, Any] | None,
+        links: Sequence[trace.Link] | None,
+        start_time: int | None,
+        exc_opts: tuple[bool, bool],
+    ) -> trace.Span:
+        """A root span, or any span under a sampler that is not parent-based: as the SDK does."""
+        t = sink.tracer
+        psc = parent.get_span_context() if parent is not None else None
+        if psc is None or not psc.is_valid:
+            psc = None
+            trace_id = t.id_generator.generate_trace_id()
+            random_id = t.id_generator.is_trace_id_random()
+        else:
+            trace_id = psc.trace_id
+            random_id = psc.trace_flags.random_trace_id
+        result = t.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        flags = (_SAMPLED if result.decision.is_sampled() else 0) | (_RANDOM if random_id else 0)
+        span_id = t.id_generator.generate_span_id()
+        if not result.decision.is_recording():
+            return NonRecordingSpan(
+                SpanContext(trace_id, span_id, False, TraceFlags(flags), result.trace_state)
+            )
+        if type(parent) is not FastSpan:
+            parent = psc
+        return FastSpan(
+            sink, name, kind, trace_id, span_id, flags, result.trace_state, parent, ctx,
+            result.attributes, links, start_time, exc_opts,
+        )  # fmt: skip
+
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = _INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        links: Sequence[trace.Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> _AsCurrent:
+        """A span made current for a ``with`` block (not usable as a decorator)."""
+        span = self.start_span(
+            name, context, kind, attributes, links, start_time, record_exception,
+            set_status_on_exception,
+        )  # fmt: skip
+        return _AsCurrent(span, end_on_exit, record_exception, set_status_on_exception)
+
+
+class FastTracerProvider(trace.TracerProvider):
+    """Hands out :class:`FastTracer`\\ s; give it to OTel instrumentations to make their spans cheap."""
+
+    def __init__(self) -> None:
+        self._tracers: dict[tuple[Any, ...], FastTracer] = {}
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Any = None,
+    ) -> trace.Tracer:
+        key = (instrumenting_module_name, instrumenting_library_version, schema_url)
+        if attributes:  # attributes are a mapping, not hashable: such tracers are not shared
+            return FastTracer(*key, attributes)
+        tracer = self._tracers.get(key)
+        if tracer is None:
+            tracer = self._tracers[key] = FastTracer(*key)
+        return tracer
+
+
+FAST_PROVIDER = FastTracerProvider()
+"""Passed to the OTel instrumentations tracekit wraps (httpx): their spans become FastSpans."""
+
+
+def start_child(
+    name: str,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    kind: SpanKind = _INTERNAL,
+    links: Sequence[trace.Link] | None = None,
+    start_time: int | None = None,
+    scope: str = "tracekit",
+    context: Context | None = None,
+) -> trace.Span:
+    """Start a span under the current one (a stage, a request, anyone's OTel span).
+
+    The span is *not* made current; end it with ``span.end(end_time=...)`` (epoch ns,
+    default now) — from any thread, later. ``attributes`` is kept by reference, so
+    don't mutate it afterwards. ``scope`` is the instrumentation scope the exporter
+    shows (e.g. ``"tracekit.training"``). Before ``configure()`` it returns a
+    non-recording span. Costs a few microseconds; never raises for a valid call.
+    """
+    return FAST_PROVIDER.get_tracer(scope).start_span(
+        name, context, kind, attributes, links, start_time
+    )
