@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from tracekit import __version__
-from tracekit.errors import TracekitError
+from tracekit.commands._common import Parser
+from tracekit.errors import TracekitError, UsageError
 
 COMMANDS: dict[str, str] = {
     "ingest": "tracekit.commands.ingest",
@@ -23,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "explain": "tracekit.commands.explain",
     "gate": "tracekit.commands.gate",
     "autoscale": "tracekit.commands.autoscale",
+    "report": "tracekit.commands.report",
+    "collect": "tracekit.commands.collect",
     # The demo sits above the CLI (it runs the other commands in-process), so its
     # command module lives in its own package and is loaded here by name, like a plugin.
     "demo": "tracekit.demo.command",
@@ -41,7 +44,7 @@ Typical use:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tracekit",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -55,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

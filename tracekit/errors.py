@@ -4,6 +4,8 @@
 
     TracekitError
     ├── ConfigError       bad configure() arguments, bad budget / HPA / config file
+    │   └── UsageError    a command line argparse cannot parse (one line, exit 2)
+    ├── StoreError        a store that cannot be opened or read (missing, locked, damaged)
     ├── IngestError       a trace file or Jaeger response that cannot be read
     ├── QueryError        a question the store cannot answer (unknown release, no requests)
     └── InstrumentationError  raised only under pytest; in production it is logged once
@@ -22,6 +24,14 @@ class TracekitError(Exception):
 
 class ConfigError(TracekitError):
     """A configuration value (argument, environment variable, file field) is wrong."""
+
+
+class UsageError(ConfigError):
+    """A command line that cannot be parsed; the message names the option."""
+
+
+class StoreError(TracekitError):
+    """The store cannot be opened or read (missing, locked, damaged, of another program)."""
 
 
 class IngestError(TracekitError):

@@ -9,7 +9,9 @@ import pytest
 
 from tracekit import conventions as cv
 from tracekit.cli import main
-from tracekit.commands.autoscale import parse_window
+from tracekit.commands._common import duration_type
+
+parse_window = duration_type()  # what --window uses
 
 from .autoscale_timelines import queueing_timeline
 

@@ -1,13 +1,22 @@
-"""Options every analysis command shares, and writing a rendered result out."""
+"""The CLI's shared vocabulary: options several commands take, their converters, output.
+
+Each option is declared once here so it means the same in every command: ``--before`` /
+``--after`` and ``--version`` name releases (``service.version``) or training runs,
+``--service`` / ``--route`` select requests, ``--confidence`` is a two-sided level,
+durations use one grammar (:mod:`tracekit.units`). Converters are argparse ``type=``
+functions, so a malformed value is a usage error (exit 2) naming the option.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
-FORMATS = ("table", "json", "markdown")
+from tracekit import units
+from tracekit.errors import ConfigError, UsageError
+from tracekit.render import FORMATS, render
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -28,6 +37,119 @@ def add_command(sub: Any, name: str, *, help: str, description: str) -> argparse
     return parser
 
 
+# --- converters (argparse ``type=``) ---------------------------------------------------
+
+
+def _converter(fn: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return fn(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name  # argparse names the converter in "invalid <name> value"
+    return convert
+
+
+def duration_type(*, default_unit: str = "s", positive: bool = True) -> Callable[[str], float]:
+    """``--window 30s``-style values → seconds (a bare number is ``default_unit``)."""
+    return _converter(
+        lambda t: units.parse_duration(
+            t, default_unit=default_unit, allow_zero=not positive, what=""
+        ),
+        "duration",
+    )
+
+
+def duration_ms_type(text: str) -> float:
+    """``--min-effect 1ms``-style values → milliseconds (a bare number is ms)."""
+    return float(_converter(lambda t: units.parse_duration_ms(t, what=""), "duration")(text))
+
+
+confidence_type: Callable[[str], float] = _converter(
+    lambda t: units.parse_confidence(t, what=""), "confidence"
+)
+"""``0.95`` or ``95%`` → 0.95; outside [0.5, 1) is a usage error."""
+
+
+def slo_type(text: str) -> Any:
+    """``p95<200ms`` → :class:`~tracekit.analysis.autoscale.model.Slo`."""
+    from tracekit.analysis.autoscale.model import parse_slo
+
+    return _converter(parse_slo, "slo")(text)
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line and a :class:`UsageError`.
+
+    argparse would print the whole usage block and exit; tracekit's rule is one line that
+    says what to do, exit code 2 (the CLI's ``main`` turns the error into both).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --window: 'soon': expected …" reads better as "--window 'soon': …".
+        if message.startswith("argument ") and ": " in message:
+            option, _, rest = message[len("argument ") :].partition(": ")
+            option = option.split("/")[-1]
+            if rest.startswith(option):
+                message = rest
+            else:
+                message = f"{option} {rest}" if rest.startswith("'") else f"{option}: {rest}"
+        raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+
+
+# --- option builders --------------------------------------------------------------------
+
+
+def add_releases(
+    parser: argparse.ArgumentParser, *, what: str = "release", required: bool = True
+) -> None:
+    """``--before V1 --after V2``: the baseline and the candidate release (or run)."""
+    parser.add_argument(
+        "--before", required=required, metavar="V1", help=f"baseline {what} (service.version)"
+    )
+    parser.add_argument(
+        "--after", required=required, metavar="V2", help=f"candidate {what} (service.version)"
+    )
+
+
+def add_version(
+    parser: argparse.ArgumentParser,
+    *,
+    help: str,
+    dest: str = "version",
+    multiple: bool = False,
+) -> None:
+    """``--version V``: always a release label (``service.version``); ``help`` says its role."""
+    parser.add_argument(
+        "--version",
+        dest=dest,
+        metavar="V",
+        action="append" if multiple else "store",
+        default=None,
+        help=help,
+    )
+
+
+def add_filters(parser: argparse.ArgumentParser, *, route: bool = True) -> None:
+    """``--service`` and ``--route``: which requests a command reads."""
+    parser.add_argument("--service", metavar="NAME", help="only requests entering this service")
+    if route:
+        parser.add_argument(
+            "--route", metavar="ROUTE", help="only this route (http.route or span name)"
+        )
+
+
+def add_confidence(parser: argparse.ArgumentParser, *, default: float | None = 0.95) -> None:
+    """``--confidence``: the two-sided level of every interval the command reports."""
+    parser.add_argument(
+        "--confidence",
+        type=confidence_type,
+        default=default,
+        help="two-sided confidence of the intervals, in [0.5, 1) (0.95 or 95%%)",
+    )
+
+
 def add_db(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db", default="tracekit.duckdb", metavar="FILE", help="tracekit store (a DuckDB file)"
@@ -43,7 +165,12 @@ def add_format(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def emit(result: Any, fmt: str, renderers: Mapping[str, Callable[[Any], str]]) -> None:
-    """Render ``result`` with the renderer for ``fmt`` and write it to stdout."""
-    text = renderers[fmt](result)
+# --- output -----------------------------------------------------------------------------
+
+
+def emit(
+    result: Any, fmt: str, renderers: Mapping[str, Callable[[Any], str]] | None = None
+) -> None:
+    """Render ``result`` in ``fmt`` (by its type unless ``renderers`` is given) to stdout."""
+    text = renderers[fmt](result) if renderers is not None else render(result, fmt)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

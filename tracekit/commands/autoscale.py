@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_db,
+    add_filters,
+    add_format,
+    add_version,
+    duration_type,
+    emit,
+    slo_type,
+)
 from tracekit.errors import ConfigError
 
 DESCRIPTION = """\
@@ -23,20 +31,6 @@ Examples:
   tracekit autoscale --signal inflight --target 5 --slo "p95<200ms" --format json
 """
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
-
-
-def parse_window(text: str) -> float:
-    """``30s``, ``30``, ``1m``, ``500ms`` → seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ConfigError(f"--window {text!r}: expected a duration such as 30s or 1m")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
-    seconds = float(m.group(1)) * scale
-    if seconds <= 0:
-        raise ConfigError(f"--window {text!r}: must be positive")
-    return seconds
-
 
 def register(sub: Any) -> None:
     parser = add_command(
@@ -45,8 +39,8 @@ def register(sub: Any) -> None:
         help="does the scaling rule see the latency problem? which signal would?",
         description=DESCRIPTION,
     )
-    parser.add_argument("--version", dest="release", metavar="V", action="append", help="release to audit (default: the one traced last); repeat it to audit a rollout as one time line, e.g. --version v1 --version v2")  # fmt: skip
-    parser.add_argument("--service", metavar="NAME", help="only requests entering this service")
+    add_version(parser, dest="release", multiple=True, help="release to audit (default: the one traced last); repeat it to audit a rollout as one time line, e.g. --version v1 --version v2")  # fmt: skip
+    add_filters(parser, route=False)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--hpa", "--rule", dest="rule_file", metavar="FILE", help="HPA (autoscaling/v2), KEDA ScaledObject or Ray Serve config, YAML or JSON")  # fmt: skip
     source.add_argument("--signal", help="scale on this signal instead: cpu, gpu, inflight, queue_depth, request_rate, latency")  # fmt: skip
@@ -54,9 +48,14 @@ def register(sub: Any) -> None:
     parser.add_argument("--min-replicas", type=int, default=1, help="for --signal")
     parser.add_argument("--max-replicas", type=int, default=100, help="for --signal")
     parser.add_argument(
-        "--slo", required=True, help='latency objective per window, e.g. "p95<200ms"'
+        "--slo", required=True, type=slo_type, help='latency objective per window, e.g. "p95<200ms"'
     )
-    parser.add_argument("--window", default="30s", help="window length (30s, 1m, …)")
+    parser.add_argument(
+        "--window",
+        default="30s",
+        type=duration_type(),
+        help="window length (30s, 1m, 500ms; a bare number is seconds)",
+    )
     add_format(parser)
     add_db(parser)
     parser.set_defaults(handler=run)
@@ -64,17 +63,14 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.autoscale import rules as sr
-    from tracekit.analysis.autoscale.audit import audit_autoscaling, parse_slo
+    from tracekit.analysis.autoscale.audit import audit_autoscaling
     from tracekit.analysis.autoscale.rule_files import load_rule
     from tracekit.analysis.store import open_store
-    from tracekit.render.autoscale import RENDERERS
 
     if args.signal is not None and args.target is None:
         raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
     if args.target is not None and args.signal is None:
         raise ConfigError("--target needs --signal (or give the rule with --hpa FILE)")
-    slo = parse_slo(args.slo)
-    window_s = parse_window(args.window)
     if args.rule_file:
         rule = load_rule(args.rule_file)
     elif args.signal:
@@ -84,7 +80,12 @@ def run(args: argparse.Namespace) -> int:
         rule = sr.default_rule()
     with open_store(args.db, read_only=True) as store:
         result = audit_autoscaling(
-            store, release=args.release, rule=rule, slo=slo, window_s=window_s, service=args.service
+            store,
+            release=args.release,
+            rule=rule,
+            slo=args.slo,
+            window_s=args.window,
+            service=args.service,
         )
-    emit(result, args.format, RENDERERS)
+    emit(result, args.format)
     return 0

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_confidence,
+    add_db,
+    add_filters,
+    add_format,
+    add_releases,
+    emit,
+)
 
 DESCRIPTION = """\
 Compare two releases: tail quantiles with bootstrap intervals, the stage that explains
@@ -25,16 +33,12 @@ def register(sub: Any) -> None:
         help="what a release changed in the tail, and which stage",
         description=DESCRIPTION,
     )
-    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
-    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
-    parser.add_argument("--service", default=None, help="only requests entering this service")
-    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_releases(parser)
+    add_filters(parser)
     parser.add_argument(
         "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
     )
-    parser.add_argument(
-        "--confidence", type=float, default=0.95, help="confidence level of the intervals"
-    )
+    add_confidence(parser)
     add_format(parser)
     add_db(parser)
     parser.set_defaults(handler=run)
@@ -43,11 +47,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.diff import diff_releases
     from tracekit.analysis.store import open_store
-    from tracekit.errors import ConfigError
-    from tracekit.render.diff import RENDERERS
 
-    if not 0.5 <= args.confidence < 1.0:
-        raise ConfigError(f"--confidence must be in [0.5, 1), got {args.confidence}")
     with open_store(args.db, read_only=True) as store:
         result = diff_releases(
             store,
@@ -58,5 +58,5 @@ def run(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             jaeger_url=args.jaeger_url,
         )
-    emit(result, args.format, RENDERERS)
+    emit(result, args.format)
     return 0

@@ -37,9 +37,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.attribution.explain import explain_trace
     from tracekit.analysis.store import open_store
-    from tracekit.render.explain import RENDERERS
 
     with open_store(args.db, read_only=True) as store:
         explanation = explain_trace(store, args.trace_id)
-    emit(explanation, args.format, RENDERERS)
+    emit(explanation, args.format)
     return 0

@@ -6,7 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_confidence,
+    add_db,
+    add_filters,
+    add_format,
+    add_releases,
+    duration_ms_type,
+    emit,
+)
 
 DESCRIPTION = """\
 Check the after release's latency against budgets relative to the before release (or
@@ -36,8 +45,7 @@ def register(sub: Any) -> None:
         help="release gate for CI: exit 0 pass, 1 fail, 3 inconclusive",
         description=DESCRIPTION,
     )
-    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
-    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
+    add_releases(parser)
     parser.add_argument(
         "--budget",
         action="append",
@@ -51,18 +59,13 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--min-effect",
+        type=duration_ms_type,
         default=None,
         metavar="DURATION",
         help="changes smaller than this never fail a relative or delta budget (default 0ms)",
     )
-    parser.add_argument(
-        "--confidence",
-        type=float,
-        default=None,
-        help="two-sided confidence of each decision (default 0.95)",
-    )
-    parser.add_argument("--service", default=None, help="only requests entering this service")
-    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_confidence(parser, default=None)
+    add_filters(parser)
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (results repeat)")
     parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
     parser.add_argument(
@@ -89,25 +92,18 @@ def _write(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.gate.budgets import (
         GateConfig,
-        check_confidence,
         load_config,
         parse_budgets,
-        parse_duration_ms,
     )
     from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, run_gate
     from tracekit.analysis.store import open_store
-    from tracekit.render.gate import RENDERERS, render_junit, render_markdown
+    from tracekit.render.gate import render_junit, render_markdown
 
     config = load_config(args.config) if args.config else GateConfig()
     budgets = parse_budgets(args.budget) if args.budget else config.budgets
-    if args.confidence is not None:
-        confidence = check_confidence(args.confidence, what="--confidence")
-    else:
-        confidence = config.confidence or DEFAULT_CONFIDENCE
-    if args.min_effect is not None:
-        min_effect = parse_duration_ms(args.min_effect, what="--min-effect")
-    else:
-        min_effect = config.min_effect_ms or 0.0
+    # Flags beat the config file, which beats the defaults.
+    confidence = args.confidence or config.confidence or DEFAULT_CONFIDENCE
+    min_effect = args.min_effect if args.min_effect is not None else config.min_effect_ms or 0.0
     with open_store(args.db, read_only=True) as store:
         result = run_gate(
             store,
@@ -124,5 +120,5 @@ def run(args: argparse.Namespace) -> int:
         _write(args.junit, render_junit(result))
     if args.markdown:
         _write(args.markdown, render_markdown(result))
-    emit(result, args.format, RENDERERS)
+    emit(result, args.format)
     return result.exit_code

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_db,
+    add_filters,
+    add_format,
+    add_version,
+    emit,
+)
 
 DESCRIPTION = """\
 Compare the slow (≥ p99, widened to ≥ p95 when thin) and fast (≤ p50) requests of one
@@ -21,11 +28,8 @@ def register(sub: Any) -> None:
     parser = add_command(
         sub, "slow", help="slow vs fast requests of one release", description=DESCRIPTION
     )
-    parser.add_argument(
-        "--version", default=None, metavar="V", help="release (needed when several are stored)"
-    )
-    parser.add_argument("--service", default=None, help="only requests entering this service")
-    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_version(parser, help="the release to read (needed when several are stored)")
+    add_filters(parser)
     parser.add_argument(
         "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
     )
@@ -37,11 +41,10 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.summary import slow_vs_fast
     from tracekit.analysis.store import open_store
-    from tracekit.render.summary import SLOW_RENDERERS
 
     with open_store(args.db, read_only=True) as store:
         result = slow_vs_fast(
             store, args.version, service=args.service, route=args.route, jaeger_url=args.jaeger_url
         )
-    emit(result, args.format, SLOW_RENDERERS)
+    emit(result, args.format)
     return 0

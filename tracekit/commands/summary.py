@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_db,
+    add_filters,
+    add_format,
+    add_version,
+    emit,
+)
 
 DESCRIPTION = """\
 Summarise releases in the store: requests, p50/p90/p95/p99, and per stage the mean,
@@ -21,9 +28,8 @@ def register(sub: Any) -> None:
     parser = add_command(
         sub, "summary", help="tail latency of each release, split by stage", description=DESCRIPTION
     )
-    parser.add_argument("--version", default=None, metavar="V", help="one release (default: all)")
-    parser.add_argument("--service", default=None, help="only requests entering this service")
-    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_version(parser, help="one release (default: every release in the store)")
+    add_filters(parser)
     add_format(parser)
     add_db(parser)
     parser.set_defaults(handler=run)
@@ -32,7 +38,6 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.summary import summarize_all, summarize_release
     from tracekit.analysis.store import open_store
-    from tracekit.render.summary import SUMMARY_RENDERERS
 
     with open_store(args.db, read_only=True) as store:
         if args.version is None:
@@ -41,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
             summaries = [
                 summarize_release(store, args.version, service=args.service, route=args.route)
             ]
-    emit(summaries, args.format, SUMMARY_RENDERERS)
+    emit(summaries, args.format)
     return 0

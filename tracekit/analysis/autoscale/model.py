@@ -11,10 +11,9 @@ import re
 from dataclasses import dataclass
 
 from tracekit.errors import ConfigError
+from tracekit.units import parse_duration_ms
 
-_SLO = re.compile(
-    r"^\s*p(\d{1,2}(?:\.\d+)?)\s*(<=?)\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$", re.IGNORECASE
-)
+_SLO = re.compile(r"^\s*p(\d{1,2}(?:\.\d+)?)\s*(<=?)\s*(.+?)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,12 @@ def parse_slo(text: str) -> Slo:
     q = float(m.group(1)) / 100.0
     if not 0.0 < q < 1.0:
         raise ConfigError(f"--slo {text!r}: the quantile must lie between p0 and p100")
-    bound = float(m.group(3)) * (1000.0 if (m.group(4) or "ms").lower() == "s" else 1.0)
+    try:
+        bound = parse_duration_ms(m.group(3), what="--slo bound")
+    except ConfigError:
+        raise ConfigError(
+            f"--slo {text!r}: the bound must be a duration such as 200ms or 1s"
+        ) from None
     if bound <= 0:
         raise ConfigError(f"--slo {text!r}: the bound must be positive")
     return Slo(q, bound, inclusive=m.group(2) == "<=")

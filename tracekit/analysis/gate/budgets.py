@@ -17,12 +17,12 @@ same grammar, so there is one syntax to learn; see docs/gate.md.
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit import units
 from tracekit.errors import ConfigError
 
 ABSOLUTE = "absolute"
@@ -35,7 +35,6 @@ RELATIVE = "relative"
 LATENCY = "latency"
 """Metric name of the request's own duration (stage metrics are ``stage.<name>``)."""
 
-_UNIT_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _BUDGET_RE = re.compile(
     rf"""^\s*
@@ -45,7 +44,6 @@ _BUDGET_RE = re.compile(
     (?P<sign>[+-])?\s*(?P<num>{_NUMBER})\s*(?P<unit>%|us|µs|ms|s)?\s*$""",
     re.VERBOSE,
 )
-_DURATION_RE = re.compile(rf"^\s*(?P<num>{_NUMBER})\s*(?P<unit>us|µs|ms|s)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,7 @@ def parse_budget(text: str) -> Budget:
         raise ConfigError(
             f"budget {text!r}: give a unit: a time (us, ms, s) or a change in percent (+10%)"
         )
-    ms = signed * _UNIT_MS[unit]
+    ms = signed * units.UNIT_SECONDS[unit] * 1000.0
     if sign is None:
         return Budget(pct, op, ms, ABSOLUTE, m["stage"])
     return Budget(pct, op, ms, DELTA, m["stage"])
@@ -153,32 +151,12 @@ def parse_budgets(texts: list[str] | tuple[str, ...]) -> tuple[Budget, ...]:
 
 def parse_duration_ms(value: object, *, what: str = "duration") -> float:
     """``"1ms"``, ``"0.5 ms"``, ``"250us"``, ``"0.01s"`` or a plain number of ms → ms (≥ 0)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a duration such as '1ms', not {value!r}")
-    if isinstance(value, int | float):
-        ms = float(value)
-    elif isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if m is None:
-            raise ConfigError(
-                f"{what}: expected a duration such as '1ms' or '250us', not {value!r}"
-            )
-        ms = float(m["num"]) * _UNIT_MS[m["unit"] or "ms"]
-    else:
-        raise ConfigError(f"{what}: expected a duration such as '1ms', not {value!r}")
-    if not math.isfinite(ms) or ms < 0:
-        raise ConfigError(f"{what}: must be a non-negative duration, not {value!r}")
-    return ms
+    return units.parse_duration_ms(value, what=what)
 
 
 def check_confidence(value: object, *, what: str = "confidence") -> float:
     """A two-sided confidence level in [0.5, 1); anything else is a :class:`ConfigError`."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{what}: expected a number such as 0.95, not {value!r}")
-    c = float(value)
-    if not 0.5 <= c < 1.0:
-        raise ConfigError(f"{what}: must lie in [0.5, 1), e.g. 0.95; got {value!r}")
-    return c
+    return units.parse_confidence(value, what=what)
 
 
 @dataclass(frozen=True)

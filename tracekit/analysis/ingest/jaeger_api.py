@@ -11,21 +11,19 @@ This module only fetches; :func:`tracekit.analysis.ingest.ingest_jaeger` decodes
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from tracekit.errors import ConfigError, IngestError
+from tracekit.errors import IngestError
+from tracekit.units import parse_duration
 
 DEFAULT_LIMIT = 5000
 """Traces pulled per ingest unless --limit says otherwise: a release comparison needs
 hundreds of requests per release (p99 needs about a thousand), not a UI page's 20."""
 V3_PATH = "/api/v3/traces"
 LEGACY_PATH = "/api/traces"
-_SINCE = re.compile(r"(\d+)\s*(s|m|h|d)")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @dataclass(frozen=True)
@@ -39,15 +37,8 @@ class JaegerResponse:
 
 
 def parse_since(since: str) -> timedelta:
-    """``90s``, ``30m``, ``1h``, ``2d`` (or a sum such as ``1h30m``)."""
-    text = since.strip().lower()
-    parts = _SINCE.findall(text)
-    if not parts or _SINCE.sub("", text).strip():
-        raise ConfigError(f"--since {since!r}: expected a duration such as 30m, 1h or 2d")
-    total = timedelta()
-    for amount, unit in parts:
-        total += timedelta(**{_UNITS[unit]: int(amount)})
-    return total
+    """``90s``, ``30m``, ``1h``, ``2d`` (or a sum such as ``1h30m``); a bare number is seconds."""
+    return timedelta(seconds=parse_duration(since, what="--since", allow_zero=False))
 
 
 def _rfc3339(t: datetime) -> str:

@@ -1,0 +1,96 @@
+"""One grammar for durations and confidence levels, for every command and config file.
+
+Durations are a number with an optional unit — ``ns``, ``us``/``µs``, ``ms``, ``s``,
+``m``, ``h``, ``d`` — or a sum of such parts (``1h30m``). Which unit a bare number means
+depends on where it is written (milliseconds for budgets and objectives, seconds for
+windows), so each caller states its ``default_unit``. Errors are :class:`ConfigError`
+naming the option, with an example of what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tracekit.errors import ConfigError
+
+UNIT_SECONDS: dict[str, float] = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+"""Seconds per unit; ``m`` is minutes (as in ``30m``), never metres or milli."""
+
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_PART = re.compile(rf"\s*({_NUMBER})\s*(ns|us|µs|ms|min|s|m|h|d)?\s*", re.IGNORECASE)
+
+
+def parse_duration(
+    text: object, *, default_unit: str = "s", what: str = "duration", allow_zero: bool = True
+) -> float:
+    """``"250ms"``, ``"1.5s"``, ``"1h30m"``, ``"30"`` (in ``default_unit``) → seconds.
+
+    A number (int or float) is taken in ``default_unit`` as well. Negative, infinite or
+    unparseable values raise :class:`ConfigError`; so does zero unless ``allow_zero``.
+    """
+    example = "e.g. 250ms, 30s, 1m or 1h30m"
+    if isinstance(text, bool):
+        raise ConfigError(f"{what} {text!r}: expected a duration ({example})".strip())
+    if isinstance(text, int | float):
+        seconds = float(text) * UNIT_SECONDS[default_unit]
+    elif isinstance(text, str):
+        seconds = _parse_text(text, default_unit=default_unit, what=what, example=example)
+    else:
+        raise ConfigError(f"{what} {text!r}: expected a duration ({example})".strip())
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{what} {text!r}: must be a non-negative duration ({example})".strip())
+    if seconds == 0 and not allow_zero:
+        raise ConfigError(f"{what} {text!r}: must be positive ({example})".strip())
+    return seconds
+
+
+def _parse_text(text: str, *, default_unit: str, what: str, example: str) -> float:
+    pos, total, parts = 0, 0.0, 0
+    body = text.strip()
+    while pos < len(body):
+        m = _PART.match(body, pos)
+        if m is None or m.end() == pos:
+            break
+        unit = (m.group(2) or "").lower() or default_unit
+        if not m.group(2) and parts:
+            # "1h30" is ambiguous: only the last part may lack a unit when it stands alone.
+            raise ConfigError(f"{what} {text!r}: give every part a unit ({example})".strip())
+        total += float(m.group(1)) * UNIT_SECONDS[unit]
+        parts += 1
+        pos = m.end()
+    if parts == 0 or pos != len(body):
+        raise ConfigError(f"{what} {text!r}: expected a duration ({example})".strip())
+    return total
+
+
+def parse_duration_ms(text: object, *, what: str = "duration") -> float:
+    """A duration in milliseconds; a bare number means milliseconds."""
+    return parse_duration(text, default_unit="ms", what=what) * 1000.0
+
+
+def parse_confidence(value: object, *, what: str = "confidence") -> float:
+    """A two-sided confidence level in [0.5, 1): ``0.95`` or ``95%``."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        try:
+            c = float(stripped[:-1]) / 100.0 if stripped.endswith("%") else float(stripped)
+        except ValueError:
+            raise ConfigError(f"{what} {value!r}: expected a number such as 0.95".strip()) from None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        c = float(value)
+    else:
+        raise ConfigError(f"{what} {value!r}: expected a number such as 0.95".strip())
+    if not 0.5 <= c < 1.0:
+        raise ConfigError(f"{what} {value!r}: must lie in [0.5, 1), e.g. 0.95".strip())
+    return c
