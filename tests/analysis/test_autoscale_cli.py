@@ -11,9 +11,9 @@ from tracekit import conventions as cv
 from tracekit.cli import main
 from tracekit.commands._common import duration_type
 
-parse_window = duration_type()  # what --window uses
-
 from .autoscale_timelines import queueing_timeline
+
+parse_window = duration_type()  # what --window uses
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "autoscale"
 
