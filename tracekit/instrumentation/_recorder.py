@@ -64,8 +64,8 @@ class Recorder:
             self._drop()
             return
         queue.append(span)
-        if n >= self._wake_at:
-            self._wake.set()
+        if n >= self._wake_at and not self._wake.is_set():
+            self._wake.set()  # filling up: build now rather than at the next tick
 
     def _drop(self) -> None:
         self.dropped += 1  # racy under threads by design: a count, not a ledger

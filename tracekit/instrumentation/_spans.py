@@ -56,6 +56,7 @@ _INVALID = trace.INVALID_SPAN
 _bits = random.getrandbits
 _time_ns = time.time_ns
 _put = RECORDER.put
+_STATE = setup._STATE  # mutated by configure(), never replaced
 
 # --- the OTel context, without the API's indirections ------------------------------
 # The API's attach/detach go through two layers of calls and a try/except each; with
@@ -67,9 +68,7 @@ if isinstance(_runtime, ContextVarsRuntimeContext):
 
     def attach_span(span: trace.Span) -> object:
         """Make ``span`` current; returns the token for :func:`detach`."""
-        ctx = dict(_VAR.get())
-        ctx[_SPAN_KEY] = span
-        return _VAR.set(Context(ctx))
+        return _VAR.set(Context({**_VAR.get(), _SPAN_KEY: span}))
 
     def detach(token: Any) -> None:
         """Undo :func:`attach_span` (a token from another context is logged, as OTel does)."""
@@ -337,7 +336,7 @@ class FastTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace.Span:
-        sink = self._sink if self._generation == setup._STATE.generation else self._refresh()
+        sink = self._sink if self._generation == _STATE.generation else self._refresh()
         if sink is None:
             return _INVALID
         ctx = current_context() if context is None else context

@@ -41,6 +41,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TRACER = FAST_PROVIDER.get_tracer("tracekit.stages")
 _INVALID = trace.INVALID_SPAN
 _thread_time = time.thread_time_ns
+_get_ident = threading.get_ident
 
 
 def record_error(span: trace.Span, exc: BaseException) -> None:
@@ -59,7 +60,7 @@ class _Entry:
         self, owner: Stage, span: trace.Span, token: object, cpu0: int, prev: _Entry | None
     ):
         self.owner, self.span, self.token, self.cpu0, self.prev = owner, span, token, cpu0, prev
-        self.tid = threading.get_ident()
+        self.tid = _get_ident()
 
 
 # Open context-manager entries of this task/thread, innermost first. A ContextVar
@@ -142,8 +143,14 @@ class Stage:
             _guard.report("stage end", err, self.name)
 
     # --- with / async with ---------------------------------------------------------
+    # The with-form is the hot one: _start/_pop/_finish are inlined here on purpose.
     def __enter__(self) -> trace.Span:
-        span, token = self._start()
+        try:
+            span = _TRACER.start_span(self.name, attributes=self.attributes)
+            token: object = attach_span(span)
+        except Exception as exc:
+            _guard.report("stage start", exc, self.name)
+            span, token = _INVALID, None
         _OPEN.set(_Entry(self, span, token, _thread_time(), _OPEN.get()))
         return span
 
@@ -159,11 +166,23 @@ class Stage:
         return entry
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entry = self._pop()
-        if entry is None:
+        entry = _OPEN.get()
+        if entry is None or entry.owner is not self:
+            self._pop()  # reports the mismatch
             return
-        cpu = _thread_time() - entry.cpu0 if entry.tid == threading.get_ident() else None
-        self._finish(entry.span, entry.token, exc, cpu)
+        cpu = _thread_time() - entry.cpu0
+        _OPEN.set(entry.prev)
+        span = entry.span
+        try:
+            if entry.token is not None:
+                detach(entry.token)
+            if entry.tid == _get_ident():
+                span.set_attribute(c.CPU_TIME_NS, cpu)
+            if exc is not None:
+                record_error(span, exc)
+            span.end()
+        except Exception as err:
+            _guard.report("stage end", err, self.name)
 
     async def __aenter__(self) -> trace.Span:
         span, token = self._start()
