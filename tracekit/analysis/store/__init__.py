@@ -152,10 +152,7 @@ def open_store(path: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Sto
     p = str(path)
     if read_only and p != ":memory:" and not Path(p).exists():
         raise QueryError(f"no tracekit store at {p}: run `tracekit ingest FILE --db {p}` first")
-    try:
-        con = duckdb.connect(p, read_only=read_only)
-    except duckdb.Error as exc:
-        raise QueryError(f"cannot open store {p}: {exc}") from exc
+    con = _connect(p, read_only=read_only)
     if not read_only:
         con.execute(schema_sql()).fetchall()
         return Store(con, p)
@@ -173,6 +170,29 @@ def open_store(path: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Sto
             f"run `tracekit ingest FILE --db {p}` first, or pass the store with --db"
         )
     return Store(con, p)
+
+
+LOCK_WAIT_S = 30.0
+"""How long opening waits while another process (``tracekit collect`` writing a batch,
+another command) holds the file: DuckDB allows one writer process and no reader beside it."""
+
+
+def _connect(path: str, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """Connect, backing off while another process holds the file's lock."""
+    import time
+
+    deadline = time.monotonic() + LOCK_WAIT_S
+    delay = 0.01
+    while True:
+        try:
+            return duckdb.connect(path, read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise QueryError(f"cannot open store {path}: {exc}") from exc
+        except duckdb.Error as exc:
+            raise QueryError(f"cannot open store {path}: {exc}") from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
 
 
 def iter_chunks(items: Iterable[Any], size: int) -> Iterable[list[Any]]:

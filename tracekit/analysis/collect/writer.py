@@ -1,0 +1,261 @@
+"""The batching writer: accepted OTLP documents → the DuckDB store, a batch at a time.
+
+DuckDB lets one process hold a database file for writing, and while it does no other
+process can open the file at all. So the writer holds the store **only while it writes
+a batch**: every ``flush_interval`` (or sooner when ``batch_spans`` are waiting) it
+opens the file, ingests the batch with the same decoder and staging steps that
+``tracekit ingest`` uses, refreshes the touched requests, and closes it again. Between
+batches ``tracekit summary``/``diff``/``gate`` open the file read-only; when one of them
+holds it at flush time the writer backs off and retries, and the accepted documents wait
+in memory, bounded by ``max_pending_spans``: past that :meth:`BatchWriter.submit` raises
+:class:`Backpressure` and the receiver answers 429 with ``Retry-After`` instead of
+growing. (Analysis commands retry the other way round, see
+:func:`tracekit.analysis.store.open_store`.)
+
+Every submitted document has a :class:`Ticket`; it is set once the batch holding it is
+committed (or has failed), so the receiver acknowledges a request only when its spans are
+in the file. The store is keyed by (trace_id, span_id), which makes a client's retry of a
+request that timed out on its side harmless.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from tracekit.analysis.attribution import per_request
+from tracekit.analysis.ingest import otlp, staging
+from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
+from tracekit.analysis.ingest.rows import Origin
+from tracekit.analysis.store import Store, open_store
+from tracekit.errors import QueryError
+
+
+class Backpressure(Exception):  # noqa: N818 - a signal to the receiver, not a failure
+    """The writer holds ``max_pending_spans`` already: answer 429, the client retries later."""
+
+
+@dataclass
+class Ticket:
+    """One submitted document; ``done`` is set when it is written or has failed."""
+
+    doc: dict[str, Any]
+    spans: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+    submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class FlushStats:
+    """What one written batch did, and the store's totals after it (for the status line)."""
+
+    spans: int
+    spans_new: int
+    requests_refreshed: int
+    seconds: float
+    requests_total: int
+    releases: list[str]
+
+
+def ingest_documents(
+    store: Store, docs: list[dict[str, Any]], *, source: str, version: str | None = None
+) -> IngestReport:
+    """Store OTLP JSON documents as ``tracekit ingest`` stores a file of them.
+
+    The same decoder (:func:`tracekit.analysis.ingest.otlp.decode`) and staging steps, so
+    a span gives the same row either way; only ``source`` differs (``SOURCE:N`` names the
+    N-th document of the batch instead of ``file:line``).
+    """
+    started = time.perf_counter()
+    log = ProblemLog(strict=False)
+    report = IngestReport(files=1)
+    origin = Origin(source, 0, log)
+    log.current_file = source
+    staging.create(store)
+    try:
+        rows: list[tuple[Any, ...]] = []
+        for number, doc in enumerate(docs, start=1):
+            rows.extend(otlp.decode(doc, origin, number))
+            if len(rows) >= staging.BATCH_ROWS:
+                staging.insert_rows(store, rows)
+                rows = []
+        staging.insert_rows(store, rows)
+        staging.finalize(
+            store,
+            log,
+            report,
+            version=version,
+            file_names={0: source},
+            file_spans={0: report.spans_read},
+        )
+    finally:
+        staging.run(store, staging.sql("drop_stage"))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True when DuckDB refused the file because another process holds it."""
+    cause = exc.__cause__ if isinstance(exc, QueryError) else exc
+    return isinstance(cause, duckdb.IOException) and "lock" in str(cause).lower()
+
+
+class BatchWriter:
+    """Owns the pending documents and the thread that writes them in batches."""
+
+    def __init__(
+        self,
+        db: str,
+        *,
+        source: str = "collect",
+        version: str | None = None,
+        max_pending_spans: int = 200_000,
+        batch_spans: int = 20_000,
+        flush_interval: float = 0.5,
+        on_flush: Callable[[FlushStats], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.source = source
+        self.version = version
+        self.max_pending_spans = max_pending_spans
+        self.batch_spans = batch_spans
+        self.flush_interval = flush_interval
+        self.on_flush = on_flush
+        self.on_error = on_error
+        self._cond = threading.Condition()
+        self._queue: list[Ticket] = []
+        self._pending_spans = 0
+        """Spans submitted and not yet written (queued plus the batch being written)."""
+        self._stopping = False
+        self._batches = 0
+        self._thread = threading.Thread(target=self._run, name="tracekit-collect-writer")
+        self.lock_waits = 0
+        """Times a flush found the file held by a reader and backed off."""
+
+    @property
+    def pending_spans(self) -> int:
+        return self._pending_spans
+
+    def start(self) -> None:
+        # Create the schema now, so analysis commands find a store from the first second.
+        self._with_store(lambda store: None, deadline=time.monotonic() + 30.0)
+        self._thread.start()
+
+    def submit(self, doc: dict[str, Any], spans: int, *, force: bool = False) -> Ticket:
+        """Queue ``doc`` (``spans`` spans); :class:`Backpressure` when memory is at its bound.
+
+        ``force`` skips the bound: the tail sampler hands over documents it has already
+        acknowledged, which must not be dropped (it stops acknowledging instead).
+        """
+        ticket = Ticket(doc, spans)
+        with self._cond:
+            if self._stopping:
+                raise Backpressure("shutting down")
+            over = self._pending_spans + spans > self.max_pending_spans
+            if over and self._pending_spans > 0 and not force:
+                raise Backpressure(f"{self._pending_spans:,} spans waiting to be written")
+            self._queue.append(ticket)
+            self._pending_spans += spans
+            self._cond.notify_all()
+        return ticket
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Write everything accepted, then stop the thread (SIGTERM/SIGINT come here)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _take(self) -> list[Ticket]:
+        with self._cond:
+            while True:
+                if self._queue:
+                    age = time.monotonic() - self._queue[0].submitted
+                    queued = sum(t.spans for t in self._queue)
+                    if self._stopping or queued >= self.batch_spans or age >= self.flush_interval:
+                        batch, self._queue = self._queue, []
+                        return batch
+                    self._cond.wait(self.flush_interval - age)
+                elif self._stopping:
+                    return []
+                else:
+                    self._cond.wait()
+
+    def _run(self) -> None:
+        while batch := self._take():
+            error = None
+            try:
+                self._write(batch)
+            except Exception as exc:  # noqa: BLE001 - reported per ticket, the loop goes on
+                error = f"{type(exc).__name__}: {exc}"
+                if self.on_error:
+                    self.on_error(f"could not write {len(batch)} request(s): {error}")
+            with self._cond:
+                self._pending_spans -= sum(t.spans for t in batch)
+            for ticket in batch:
+                ticket.error = error
+                ticket.done.set()
+
+    def _write(self, batch: list[Ticket]) -> None:
+        started = time.perf_counter()
+        self._batches += 1
+        docs = [t.doc for t in batch]
+        spans = sum(t.spans for t in batch)
+
+        def work(store: Store) -> FlushStats:
+            report = ingest_documents(
+                store, docs, source=f"{self.source}#{self._batches}", version=self.version
+            )
+            refreshed = per_request.refresh(store, report.trace_ids)
+            total = int(store.run("SELECT count(*) FROM requests")[0][0])
+            releases = [
+                str(r[0])
+                for r in store.run(
+                    "SELECT DISTINCT release FROM requests WHERE release IS NOT NULL ORDER BY 1"
+                )
+            ]
+            return FlushStats(
+                spans=spans,
+                spans_new=report.spans_stored,
+                requests_refreshed=refreshed.requests,
+                seconds=time.perf_counter() - started,
+                requests_total=total,
+                releases=releases,
+            )
+
+        # While stopping, a reader holding the file still gets a while to finish; the
+        # deadline only keeps a stuck reader from holding the process forever.
+        stats = self._with_store(work, deadline=None)
+        if self.on_flush:
+            self.on_flush(stats)
+
+    def _with_store(self, work: Callable[[Store], Any], *, deadline: float | None) -> Any:
+        delay = 0.01
+        while True:
+            try:
+                store = open_store(self.db)
+            except QueryError as exc:
+                if not is_lock_error(exc):
+                    raise
+                self.lock_waits += 1
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                with self._cond:
+                    stop_by = self._stopping
+                if stop_by and deadline is None:
+                    deadline = time.monotonic() + 60.0
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            try:
+                return work(store)
+            finally:
+                store.close()
