@@ -303,6 +303,10 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(answer.body)))
             if answer.retry_after is not None:
                 self.send_header("Retry-After", str(answer.retry_after))
+            if collector._stop.is_set():
+                # Stopping: a kept-alive connection would keep this thread serving.
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(answer.body)
 
