@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tracekit.analysis.autoscale import rules as sr
-from tracekit.analysis.autoscale.audit import AutoscaleResult, Window, fmt_signal, fmt_target
+from tracekit.analysis.autoscale.audit import AutoscaleResult, fmt_signal, fmt_target
+from tracekit.analysis.autoscale.model import Window
 from tracekit.render.common import markdown_table, rich_to_text, to_json
 
 MAX_ROWS = 40

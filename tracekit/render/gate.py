@@ -13,7 +13,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from tracekit.analysis.gate.evaluate import GateCheck, GateResult
+from tracekit.analysis.gate.evaluate import GateResult
+from tracekit.analysis.gate.model import GateCheck
 from tracekit.analysis.gate.wording import observed_text
 from tracekit.render.common import markdown_table, ms, rich_to_text, to_json
 

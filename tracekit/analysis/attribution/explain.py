@@ -117,7 +117,7 @@ def resolve_trace_id(store: Store, trace_id: str) -> str:
         raise QueryError(
             f"trace id prefix {prefix} is ambiguous ({', '.join(found[:2])}, ...): give more digits"
         )
-    return found[0]
+    return str(found[0])
 
 
 def explain_trace(store: Store, trace_id: str) -> Explanation:

@@ -225,7 +225,7 @@ def _round_down(signal: str, value: float) -> float:
     if value >= 2:
         return float(math.floor(value + 1e-9))
     digits = max(0, 1 - math.floor(math.log10(value))) if value > 0 else 1
-    return math.floor(value * 10**digits + 1e-9) / 10**digits
+    return float(math.floor(value * 10**digits + 1e-9) / 10**digits)
 
 
 def derive_target(

@@ -128,7 +128,7 @@ def _round_up(n: int) -> int:
     if n < 100:
         return n
     step = 10 ** (len(str(n)) - 2)
-    return -(-n // step) * step
+    return int(-(-n // step) * step)
 
 
 def describe(c: GateCheck, verdict: GateVerdict | None, min_tail: int) -> str:
