@@ -15,8 +15,8 @@ import pytest
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.release import ReleaseData
-from tracekit.conventions import order_stages
 from tracekit.analysis.compare.diff import compute_diff
+from tracekit.conventions import order_stages
 from tracekit.render.diff import render_json, render_markdown, render_table
 
 N = 4000

@@ -32,8 +32,8 @@ import numpy.typing as npt
 
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData
-from tracekit.conventions import order_stages
 from tracekit.analysis.cohorts.stats import MIN_TAIL_SAMPLES, tail_samples, weighted_quantile
+from tracekit.conventions import order_stages
 
 FloatArray = npt.NDArray[np.float64]
 

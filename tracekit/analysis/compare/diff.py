@@ -19,7 +19,6 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
-from tracekit.conventions import order_stages
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
 from tracekit.analysis.compare.wording import (
     Flag,
@@ -29,6 +28,7 @@ from tracekit.analysis.compare.wording import (
     verdict_sentence,
 )
 from tracekit.analysis.store import Store
+from tracekit.conventions import order_stages
 
 EXEMPLARS = 3
 
