@@ -231,7 +231,7 @@ class TailSampler:
         route = str(attrs.get(cv.HTTP_ROUTE) or span.get("name") or "")
         release = str(_attrs(root.resource.get("attributes")).get(cv.SERVICE_VERSION) or "")
         window = self._windows.setdefault((route, release), _Window(self.window))
-        ready = len(window.sorted) >= self.min_window
+        ready = len(window.sorted) >= max(self.min_window, 1)
         slow = ready and duration >= window.threshold(self.keep_slowest)
         window.add(duration)
         if not ready:
