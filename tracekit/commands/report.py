@@ -1,0 +1,236 @@
+"""`tracekit report`: one self-contained HTML file — verdict, gate, charts, waterfalls.
+
+The command gathers analysis results (the diff, the gate, the autoscaling audit, the
+exemplar traces' waterfalls) and hands them to :func:`tracekit.render.html.render_report`;
+the renderer never queries. ``gate``, ``slow``, ``autoscale`` and the demo reuse
+:func:`gather_report`, :func:`slow_report` and :func:`write_html` for their ``--html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracekit.commands._common import add_command, add_db
+
+if TYPE_CHECKING:
+    from tracekit.analysis.autoscale.model import Slo
+    from tracekit.analysis.compare.diff import Exemplar
+    from tracekit.analysis.compare.summary import SlowFast
+    from tracekit.analysis.gate.evaluate import GateResult
+    from tracekit.analysis.store import Store
+    from tracekit.render.html import Report, Waterfall
+
+DESCRIPTION = """\
+Write one self-contained HTML report (plotly.js inlined: it opens with no network, from
+a CI artifact or an e-mail) comparing two releases: the verdict sentence and the release
+gate's outcome at the top, latency quantile curves of both releases with p50/p95/p99 and
+the intervals of their changes, the counterfactual share of each stage (wait, compute,
+hidden wait), per-stage distributions, the slowest traces as waterfalls with the critical
+path in red (linked to Jaeger with --jaeger-url) and, with --slo, the autoscaling time line.
+
+Example:
+  tracekit report --before v1 --after v2 -o report.html
+  tracekit report --before v1 --after v2 --slo "p95<60ms" --jaeger-url http://localhost:16686
+"""
+
+MIN_WINDOWS = 3
+"""Fewer windows than this make no time line worth drawing."""
+
+
+def register(sub: Any) -> None:
+    parser = add_command(
+        sub,
+        "report",
+        help="a self-contained HTML report of a release diff",
+        description=DESCRIPTION,
+    )
+    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
+    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
+    parser.add_argument(
+        "-o", "--output", default="report.html", metavar="FILE", help="where to write the page"
+    )
+    parser.add_argument(
+        "--slo",
+        default=None,
+        help='latency objective per window, e.g. "p95<60ms": adds the autoscaling time line',
+    )
+    parser.add_argument(
+        "--window", type=float, default=30.0, metavar="S", help="autoscaling window, seconds"
+    )
+    parser.add_argument(
+        "--budget",
+        action="append",
+        default=None,
+        metavar="BUDGET",
+        help="gate budget such as 'p99<=+10%%' (repeatable; default p95 and p99 <= +10%%)",
+    )
+    parser.add_argument(
+        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for trace links"
+    )
+    parser.add_argument("--service", default=None, help="only requests entering this service")
+    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
+    add_db(parser)
+    parser.set_defaults(handler=run)
+
+
+def write_html(path: str | Path, text: str) -> Path:
+    """Write the page; an unwritable path is a one-line :class:`ConfigError`."""
+    from tracekit.errors import ConfigError
+
+    out = Path(path)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return out
+
+
+def waterfalls(
+    store: Store, exemplars: Sequence[Exemplar], note: str
+) -> tuple[list[Waterfall], list[str]]:
+    """Explain each exemplar trace; a trace that cannot be drawn becomes a note."""
+    from tracekit.analysis.attribution.explain import explain_trace
+    from tracekit.errors import QueryError
+    from tracekit.render.html import Waterfall
+
+    drawn, notes = [], []
+    for ex in exemplars:
+        try:
+            drawn.append(Waterfall(explain_trace(store, ex.trace_id), ex.url, note))
+        except QueryError as exc:
+            notes.append(f"trace {ex.trace_id}: {exc}")
+    return drawn, notes
+
+
+def gather_report(
+    store: Store,
+    before: str,
+    after: str,
+    *,
+    gate: GateResult | None = None,
+    budgets: Sequence[str] | None = None,
+    slo: Slo | None = None,
+    window_s: float = 30.0,
+    jaeger_url: str | None = None,
+    service: str | None = None,
+    route: str | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Report:
+    """Every part of the release report, from the store: diff, gate (``gate`` when the
+    caller already ran it), exemplar waterfalls and, given ``slo``, the autoscaling audit
+    of both releases as one time line."""
+    from tracekit.analysis.autoscale.audit import audit_autoscaling
+    from tracekit.analysis.cohorts.release import load_release
+    from tracekit.analysis.compare.diff import diff_releases
+    from tracekit.analysis.gate.budgets import parse_budgets
+    from tracekit.analysis.gate.evaluate import run_gate
+    from tracekit.errors import QueryError
+    from tracekit.render.html import Report
+
+    diff = diff_releases(
+        store,
+        before,
+        after,
+        service=service,
+        route=route,
+        confidence=confidence,
+        seed=seed,
+        jaeger_url=jaeger_url,
+    )
+    if gate is None:
+        gate = run_gate(
+            store,
+            before,
+            after,
+            budgets=parse_budgets(list(budgets)) if budgets else None,
+            confidence=confidence,
+            seed=seed,
+            service=service,
+            route=route,
+        )
+    primary = diff.verdict.primary_stage
+    note = f"From the {after} tail (≥ {diff.tail.cohort})" + (
+        f", most {primary} time first." if primary else ", slowest first."
+    )
+    drawn, notes = waterfalls(store, diff.exemplars, note)
+    report = Report(
+        title=f"tracekit report: {before} → {after}",
+        source=str(store.path),
+        diff=diff,
+        gate=gate,
+        before=load_release(store, before, service=service, route=route),
+        after=load_release(store, after, service=service, route=route),
+        waterfalls=drawn,
+        notes=notes,
+    )
+    if slo is None:
+        report.autoscale_note = (
+            'No autoscaling time line: give the latency objective with --slo "p95<200ms".'
+        )
+        return report
+    try:
+        audit = audit_autoscaling(
+            store, release=[before, after], slo=slo, window_s=window_s, service=service
+        )
+    except QueryError as exc:
+        report.autoscale_note = f"No autoscaling time line: {exc}"
+        return report
+    if len(audit.windows) < MIN_WINDOWS:
+        report.autoscale_note = (
+            f"No autoscaling time line: the traces span {len(audit.windows)} window(s) of "
+            f"{window_s:g} s; give a shorter --window."
+        )
+    else:
+        report.autoscale = audit
+    return report
+
+
+def slow_report(
+    store: Store, result: SlowFast, *, service: str | None, route: str | None
+) -> Report:
+    """``tracekit slow``'s part alone: the gap per stage, the curve, the exemplars."""
+    from tracekit.analysis.cohorts.release import load_release
+    from tracekit.render.html import Report
+
+    drawn, notes = waterfalls(
+        store, result.exemplars, f"From the {result.label} slow cohort (≥ {result.cohort})."
+    )
+    return Report(
+        title=f"tracekit slow: {result.label}",
+        source=str(store.path),
+        slow=result,
+        slow_release=load_release(store, result.label, service=service, route=route),
+        waterfalls=drawn,
+        notes=notes,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracekit.analysis.autoscale.model import parse_slo
+    from tracekit.analysis.store import open_store
+    from tracekit.errors import ConfigError
+    from tracekit.render.html import render_report
+
+    slo = parse_slo(args.slo) if args.slo else None
+    if args.window <= 0:
+        raise ConfigError(f"--window must be a positive number of seconds, got {args.window:g}")
+    with open_store(args.db, read_only=True) as store:
+        report = gather_report(
+            store,
+            args.before,
+            args.after,
+            budgets=args.budget,
+            slo=slo,
+            window_s=args.window,
+            jaeger_url=args.jaeger_url,
+            service=args.service,
+            route=args.route,
+        )
+    out = write_html(args.output, render_report(report))
+    size = out.stat().st_size / 1e6
+    print(f"wrote {out} ({size:.1f} MB): {report.diff.verdict.summary if report.diff else ''}")
+    return 0
