@@ -9,14 +9,19 @@ import tracekit
 
 EXPECTED = [
     "BatchRecorder",
+    "ConfigError",
     "DynamicBatcher",
+    "TracekitError",
+    "communication",
     "configure",
+    "instrument_ddp",
     "instrument_fastapi",
     "instrument_httpx",
     "instrument_model",
     "model_execution",
     "shutdown",
     "stage",
+    "train_steps",
 ]
 
 
@@ -28,6 +33,11 @@ def test_all_is_pinned_and_sorted() -> None:
 def test_every_public_name_resolves() -> None:
     for name in EXPECTED:
         assert callable(getattr(tracekit, name)), name
+
+
+def test_errors_are_the_tree_users_catch() -> None:
+    assert issubclass(tracekit.ConfigError, tracekit.TracekitError)
+    assert tracekit.TracekitError is __import__("tracekit.errors").errors.TracekitError
 
 
 def test_import_tracekit_loads_no_analysis_or_torch() -> None:

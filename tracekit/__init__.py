@@ -17,38 +17,43 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# The one table of the public API: public name -> module that defines it. ``__all__``
+# is derived from it, and tests/test_public_api.py pins both.
 _EXPORTS: dict[str, str] = {
     "BatchRecorder": "tracekit.instrumentation.batching",
+    "ConfigError": "tracekit.errors",
     "DynamicBatcher": "tracekit.instrumentation.batching",
+    "TracekitError": "tracekit.errors",
+    "communication": "tracekit.instrumentation.training",
     "configure": "tracekit.instrumentation.setup",
+    "instrument_ddp": "tracekit.instrumentation.ddp",
     "instrument_fastapi": "tracekit.instrumentation.fastapi",
     "instrument_httpx": "tracekit.instrumentation.httpx",
     "instrument_model": "tracekit.instrumentation.torch",
     "model_execution": "tracekit.instrumentation.torch",
     "shutdown": "tracekit.instrumentation.setup",
     "stage": "tracekit.instrumentation.stages",
+    "train_steps": "tracekit.instrumentation.training",
 }
 
-__all__ = [
-    "BatchRecorder",
-    "DynamicBatcher",
-    "configure",
-    "instrument_fastapi",
-    "instrument_httpx",
-    "instrument_model",
-    "model_execution",
-    "shutdown",
-    "stage",
-]
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracekit.instrumentation.batching import BatchRecorder, DynamicBatcher
-    from tracekit.instrumentation.fastapi import instrument_fastapi
-    from tracekit.instrumentation.httpx import instrument_httpx
-    from tracekit.instrumentation.setup import configure, shutdown
-    from tracekit.instrumentation.stages import stage
-    from tracekit.instrumentation.torch import instrument_model, model_execution
+    # "X as X" marks each name as re-exported for type checkers and linters.
+    from tracekit.errors import ConfigError as ConfigError
+    from tracekit.errors import TracekitError as TracekitError
+    from tracekit.instrumentation.batching import BatchRecorder as BatchRecorder
+    from tracekit.instrumentation.batching import DynamicBatcher as DynamicBatcher
+    from tracekit.instrumentation.ddp import instrument_ddp as instrument_ddp
+    from tracekit.instrumentation.fastapi import instrument_fastapi as instrument_fastapi
+    from tracekit.instrumentation.httpx import instrument_httpx as instrument_httpx
+    from tracekit.instrumentation.setup import configure as configure
+    from tracekit.instrumentation.setup import shutdown as shutdown
+    from tracekit.instrumentation.stages import stage as stage
+    from tracekit.instrumentation.torch import instrument_model as instrument_model
+    from tracekit.instrumentation.torch import model_execution as model_execution
+    from tracekit.instrumentation.training import communication as communication
+    from tracekit.instrumentation.training import train_steps as train_steps
 
 
 def __getattr__(name: str) -> Any:
