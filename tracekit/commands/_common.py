@@ -156,6 +156,92 @@ def add_db(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_store(parser: argparse.ArgumentParser, *, window: bool = True) -> None:
+    """``--store URL`` (alias ``--db``) and ``--table``; ``window`` adds ``--since/--until``."""
+    group = parser.add_argument_group("store (docs/clickhouse.md)")
+    group.add_argument(
+        "--store",
+        "--db",
+        dest="db",
+        default="tracekit.duckdb",
+        metavar="URL",
+        help="a DuckDB file, clickhouse://user:password@host:8123/database (the OTel "
+        "Collector's ClickHouse exporter table) or chdb:///path (embedded ClickHouse)",
+    )
+    group.add_argument("--table", default="otel_traces", help="traces table of a ClickHouse store")
+    if window:
+        group.add_argument(
+            "--since",
+            type=_converter(_time_ns, "time"),
+            metavar="WHEN",
+            help="ClickHouse stores: only requests starting at or after WHEN "
+            "(a duration back from now, 2h, or an ISO time, 2026-01-01T10:00Z)",
+        )
+        group.add_argument(
+            "--until",
+            type=_converter(_time_ns, "time"),
+            metavar="WHEN",
+            help="ClickHouse stores: only requests starting before WHEN (as --since)",
+        )
+
+
+def _time_ns(text: str) -> int:
+    """A duration back from now (``2h``) or an ISO-8601 time → Unix nanoseconds."""
+    import datetime as dt
+    import time
+
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return time.time_ns() - int(units.parse_duration(text, what="--since/--until") * 1e9)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1_000
+
+
+def open_analysis_store(
+    args: argparse.Namespace, *, releases: Any = (), trace_prefix: str | None = None
+) -> Any:
+    """Open ``args.db`` read-only for one analysis command.
+
+    For a ClickHouse store only the requests the command can use are pulled (its
+    ``releases``, ``--service``, ``--route``, ``--since/--until``, a trace-id prefix) and
+    attributed; the analysis then runs on them as on a DuckDB file.
+    """
+    from tracekit.analysis.store import open_store
+    from tracekit.analysis.store.url import parse_store_url
+
+    since, until = getattr(args, "since", None), getattr(args, "until", None)
+    url = parse_store_url(args.db, table=getattr(args, "table", "otel_traces"))
+    if not url.is_clickhouse:
+        if since is not None or until is not None:
+            raise ConfigError(
+                "--since/--until select from a ClickHouse store; a DuckDB store holds what "
+                "was ingested into it"
+            )
+        return open_store(url.path, read_only=True)
+    from tracekit.analysis.attribution import per_request
+    from tracekit.analysis.store.clickhouse import Selection, open_snapshot
+
+    labels = [releases] if isinstance(releases, str) else list(releases or ())
+    selection = Selection(
+        releases=tuple(str(r) for r in labels if r),
+        service=getattr(args, "service", None),
+        route=getattr(args, "route", None),
+        trace_prefix=trace_prefix,
+        since_ns=since,
+        until_ns=until,
+    )
+    store = open_snapshot(url, selection)
+    try:
+        per_request.refresh(store)
+    except BaseException:
+        store.close()
+        raise
+    store.needs_attribution = False
+    return store
+
+
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",

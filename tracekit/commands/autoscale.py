@@ -7,14 +7,16 @@ from typing import Any
 
 from tracekit.commands._common import (
     add_command,
-    add_db,
     add_filters,
     add_format,
+    add_store,
     add_version,
     duration_type,
     emit,
+    open_analysis_store,
     slo_type,
 )
+from tracekit.commands.report import add_html
 from tracekit.errors import ConfigError
 
 DESCRIPTION = """\
@@ -56,8 +58,9 @@ def register(sub: Any) -> None:
         type=duration_type(),
         help="window length (30s, 1m, 500ms; a bare number is seconds)",
     )
+    add_html(parser, "the autoscaling time line")
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
@@ -65,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.autoscale import rules as sr
     from tracekit.analysis.autoscale.audit import audit_autoscaling
     from tracekit.analysis.autoscale.rule_files import load_rule
-    from tracekit.analysis.store import open_store
 
     if args.signal is not None and args.target is None:
         raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         rule = sr.rule_from_flags(args.signal, target, args.min_replicas, args.max_replicas)
     else:
         rule = sr.default_rule()
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=args.release) as store:
         result = audit_autoscaling(
             store,
             release=args.release,
@@ -87,5 +89,9 @@ def run(args: argparse.Namespace) -> int:
             window_s=args.window,
             service=args.service,
         )
+        if args.html:
+            from tracekit.commands.report import write_autoscale_html
+
+            write_autoscale_html(args.html, store, result)
     emit(result, args.format)
     return 0

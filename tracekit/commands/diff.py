@@ -8,11 +8,12 @@ from typing import Any
 from tracekit.commands._common import (
     add_command,
     add_confidence,
-    add_db,
     add_filters,
     add_format,
     add_releases,
+    add_store,
     emit,
+    open_analysis_store,
 )
 
 DESCRIPTION = """\
@@ -40,15 +41,14 @@ def register(sub: Any) -> None:
     )
     add_confidence(parser)
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.diff import diff_releases
-    from tracekit.analysis.store import open_store
 
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=(args.before, args.after)) as store:
         result = diff_releases(
             store,
             args.before,

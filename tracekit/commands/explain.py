@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_format,
+    add_store,
+    emit,
+    open_analysis_store,
+)
 
 DESCRIPTION = """\
 Draw one request trace as a waterfall with its critical path marked (★, and █ for the
@@ -30,15 +36,14 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("trace_id", metavar="TRACE_ID", help="trace id or a unique 8+ digit prefix")
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.attribution.explain import explain_trace
-    from tracekit.analysis.store import open_store
 
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, trace_prefix=args.trace_id) as store:
         explanation = explain_trace(store, args.trace_id)
     emit(explanation, args.format)
     return 0

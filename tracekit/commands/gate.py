@@ -9,13 +9,15 @@ from typing import Any
 from tracekit.commands._common import (
     add_command,
     add_confidence,
-    add_db,
     add_filters,
     add_format,
     add_releases,
+    add_store,
     duration_ms_type,
     emit,
+    open_analysis_store,
 )
+from tracekit.commands.report import add_html
 
 DESCRIPTION = """\
 Check the after release's latency against budgets relative to the before release (or
@@ -74,8 +76,9 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="also write a markdown report, e.g. to $GITHUB_STEP_SUMMARY",
     )
+    add_html(parser, "the release report (verdict, charts, waterfalls) as a CI artifact")
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
@@ -96,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         parse_budgets,
     )
     from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, run_gate
-    from tracekit.analysis.store import open_store
     from tracekit.render.gate import render_junit, render_markdown
 
     config = load_config(args.config) if args.config else GateConfig()
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     # Flags beat the config file, which beats the defaults.
     confidence = args.confidence or config.confidence or DEFAULT_CONFIDENCE
     min_effect = args.min_effect if args.min_effect is not None else config.min_effect_ms or 0.0
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=(args.before, args.after)) as store:
         result = run_gate(
             store,
             args.before,
@@ -116,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
             service=args.service or config.service,
             route=args.route or config.route,
         )
+        if args.html:
+            from tracekit.commands.report import write_gate_html
+
+            write_gate_html(args.html, store, result, args)
     if args.junit:
         _write(args.junit, render_junit(result))
     if args.markdown:

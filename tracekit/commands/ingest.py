@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db
+from tracekit.commands._common import add_command, add_store
 from tracekit.errors import ConfigError
 
 LISTED = 20
@@ -22,6 +22,7 @@ the same file twice stores nothing new. Exit 0, or 2 when input had to be skippe
 examples:
   tracekit ingest traces.jsonl --version v2
   tracekit ingest exports/ --db perf.duckdb
+  tracekit ingest exports/ --store clickhouse://default:@localhost:8123/otel   # otel_traces
   tracekit ingest --jaeger http://localhost:16686 --service ranker --since 2h
 """
 
@@ -33,7 +34,7 @@ def register(sub: Any) -> None:
         sub, "ingest", help="read OTLP/Jaeger traces into the store", description=DESCRIPTION
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories")
-    add_db(parser)
+    add_store(parser, window=False)
     parser.add_argument(
         "--version",
         dest="release",
@@ -58,12 +59,17 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.ingest import ingest_jaeger, ingest_paths
     from tracekit.analysis.store import open_store
+    from tracekit.analysis.store.url import parse_store_url
 
+    # A ClickHouse store is written through an in-memory staging store: the same readers
+    # and problem log, then the spans go to the exporter's table (docs/clickhouse.md).
+    target = parse_store_url(args.db, table=args.table)
+    written = None
     if args.jaeger and not args.service:
         raise ConfigError("--jaeger needs --service NAME (the service whose traces to pull)")
     if not args.jaeger and not args.paths:
         raise ConfigError("give trace files or directories, or --jaeger URL --service NAME")
-    with open_store(args.db) as store:
+    with open_store(":memory:" if target.is_clickhouse else target.path) as store:
         if args.jaeger:
             report = ingest_jaeger(
                 store,
@@ -83,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
                 progress=sys.stderr.isatty(),
             )
         requests = _refresh(store, report.trace_ids)
+        if target.is_clickhouse:
+            from tracekit.analysis.ingest.clickhouse import write_spans
+
+            written = write_spans(store, target)
     for problem in report.skipping_problems[:LISTED]:
         print(f"{problem.where}: {problem.reason}", file=sys.stderr)
     if len(report.skipping_problems) > LISTED or report.skipped > LISTED:
@@ -115,7 +125,14 @@ def run(args: argparse.Namespace) -> int:
     line = report.summary_line() + f" ({report.seconds:.2f} s)"
     line += f"; {requests:,} requests attributed"
     print(line)
-    print(f"store: {args.db}")
+    if written is None:
+        print(f"store: {args.db}")
+    else:
+        created = ", table created with the exporter's DDL" if written.created_table else ""
+        print(
+            f"store: {target.display()}: {written.written:,} spans written, "
+            f"{written.already_present:,} already there{created}"
+        )
     return 2 if report.skipped else 0
 
 

@@ -7,12 +7,14 @@ from typing import Any
 
 from tracekit.commands._common import (
     add_command,
-    add_db,
     add_filters,
     add_format,
+    add_store,
     add_version,
     emit,
+    open_analysis_store,
 )
+from tracekit.commands.report import add_html
 
 DESCRIPTION = """\
 Compare the slow (≥ p99, widened to ≥ p95 when thin) and fast (≤ p50) requests of one
@@ -33,18 +35,22 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
     )
+    add_html(parser, "slow vs fast with the exemplars' waterfalls")
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.summary import slow_vs_fast
-    from tracekit.analysis.store import open_store
 
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=args.version) as store:
         result = slow_vs_fast(
             store, args.version, service=args.service, route=args.route, jaeger_url=args.jaeger_url
         )
+        if args.html:
+            from tracekit.commands.report import write_slow_html
+
+            write_slow_html(args.html, store, result, args)
     emit(result, args.format)
     return 0

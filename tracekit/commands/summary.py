@@ -7,11 +7,12 @@ from typing import Any
 
 from tracekit.commands._common import (
     add_command,
-    add_db,
     add_filters,
     add_format,
+    add_store,
     add_version,
     emit,
+    open_analysis_store,
 )
 
 DESCRIPTION = """\
@@ -31,15 +32,14 @@ def register(sub: Any) -> None:
     add_version(parser, help="one release (default: every release in the store)")
     add_filters(parser)
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.summary import summarize_all, summarize_release
-    from tracekit.analysis.store import open_store
 
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=args.version) as store:
         if args.version is None:
             summaries = summarize_all(store, service=args.service, route=args.route)
         else:

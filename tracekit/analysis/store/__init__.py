@@ -147,9 +147,24 @@ class Store:
             )
 
 
-def open_store(path: str | Path = DEFAULT_DB, *, read_only: bool = False) -> Store:
-    """Open (creating when needed) the store at ``path``; ``:memory:`` works too."""
+def open_store(
+    path: str | Path = DEFAULT_DB,
+    *,
+    read_only: bool = False,
+    table: str = "otel_traces",
+    selection: Any = None,
+) -> Store:
+    """Open (creating when needed) the store at ``path``; ``:memory:`` works too.
+
+    A ``clickhouse://`` or ``chdb://`` URL (read-only) pulls the ``selection``
+    (:class:`~tracekit.analysis.store.clickhouse.Selection`) of ``table`` into an
+    in-memory store whose ``requests`` still need attribution (see store/clickhouse.py).
+    """
     p = str(path)
+    if "://" in p:
+        from tracekit.analysis.store.clickhouse import open_url
+
+        return open_url(p, table=table, selection=selection, read_only=read_only)
     if read_only and p != ":memory:" and not Path(p).exists():
         raise QueryError(f"no tracekit store at {p}: run `tracekit ingest FILE --db {p}` first")
     con = _connect(p, read_only=read_only)

@@ -1,0 +1,326 @@
+"""Reading the OpenTelemetry Collector's ClickHouse table (``otel_traces``) as a tracekit store.
+
+One analysis implementation serves every store: for a ClickHouse server or chDB, the
+traces a command needs are selected *inside* ClickHouse (``sql/clickhouse_select_traces.sql``:
+release, entry service, route, trace-id prefix, time range), their spans are reshaped
+there into the columns of tracekit's ``spans`` table (``sql/clickhouse_select_spans.sql``:
+ids, enum names, nanoseconds, stage columns, sample weights, attributes as JSON, one row
+per span id) and streamed out as Arrow record batches into an in-memory DuckDB store with
+the usual schema. The caller then runs attribution and the analysis on that store exactly
+as on a file (``tracekit.commands._common.open_analysis_store`` does both).
+
+ClickHouse is only ever read here: the table is checked against the exporter's shape
+(``system.columns``), then one SELECT runs. A read-only user suffices. Writing trace files
+into the exporter's schema is :mod:`tracekit.analysis.ingest.clickhouse`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from tracekit.analysis.store import SPAN_COLUMNS, SPAN_TYPES, Store, schema_sql
+from tracekit.analysis.store.url import StoreURL
+from tracekit.errors import ConfigError, QueryError
+
+MAX_NS = 2**63 - 1
+
+# The columns tracekit reads, each with the type families the exporter has used for it
+# across versions (Duration was Int64 before it became UInt64; SpanName/ServiceName
+# are String in some hand-made schemas). Anything else is "not the exporter's table".
+_MAP = r"Map\((LowCardinality\()?String\)?, String\)"
+REQUIRED_COLUMNS: dict[str, str] = {
+    "Timestamp": r"DateTime64\(9(, '.*')?\)",
+    "TraceId": r"String",
+    "SpanId": r"String",
+    "ParentSpanId": r"String",
+    "TraceState": r"String",
+    "SpanName": r"(LowCardinality\()?String\)?",
+    "SpanKind": r"(LowCardinality\()?String\)?",
+    "ServiceName": r"(LowCardinality\()?String\)?",
+    "ResourceAttributes": _MAP,
+    "SpanAttributes": _MAP,
+    "Duration": r"U?Int64",
+    "StatusCode": r"(LowCardinality\()?String\)?",
+    "Links.TraceId": r"Array\(String\)",
+    "Links.SpanId": r"Array\(String\)",
+    "Links.Attributes": r"Array\(" + _MAP + r"\)",
+}
+
+# ClickHouse escapes "/" in JSON by default; tracekit's JSON (and Python's) does not.
+_QUERY_SETTINGS = {"output_format_json_escape_forward_slashes": 0}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which requests a command reads; empty fields select everything.
+
+    ``releases`` match the resource ``service.version``; ``route`` matches ``http.route``
+    or the span name; ``trace_prefix`` is a lower-case hex prefix (``explain``); the time
+    range is on span start, ``[since_ns, until_ns)``.
+    """
+
+    releases: tuple[str, ...] = ()
+    service: str | None = None
+    route: str | None = None
+    trace_prefix: str | None = None
+    since_ns: int | None = None
+    until_ns: int | None = None
+
+    @property
+    def everything(self) -> bool:
+        return not (
+            self.releases
+            or self.service
+            or self.route
+            or self.trace_prefix
+            or self.since_ns is not None
+            or self.until_ns is not None
+        )
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "releases": list(self.releases),
+            "service": self.service or "",
+            "route": self.route or "",
+            "prefix": (self.trace_prefix or "").lower(),
+            "since_ns": self.since_ns or 0,
+            "until_ns": MAX_NS if self.until_ns is None else self.until_ns,
+        }
+
+
+class ClickHouseSnapshot(Store):
+    """An in-memory DuckDB store holding the spans pulled from ClickHouse.
+
+    ``pulled_rows``/``pulled_bytes`` say how much left the engine (Arrow buffer bytes);
+    ``needs_attribution`` is True until the caller has run
+    :func:`tracekit.analysis.attribution.per_request.refresh` on it.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, url: StoreURL) -> None:
+        super().__init__(con, url.display())
+        self.url = url
+        self.pulled_rows = 0
+        self.pulled_bytes = 0
+        self.pull_seconds = 0.0
+        self.needs_attribution = True
+
+
+def _sql(name: str) -> str:
+    text = importlib.resources.files("tracekit.analysis.store").joinpath(f"sql/{name}").read_text()
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+def _map_json(column: str) -> str:
+    return _sql("clickhouse_map_json.sql").replace("{m}", column)
+
+
+def qualified_table(url: StoreURL) -> str:
+    """```database`.`table``` from allow-listed identifiers (checked by the URL parser)."""
+    return f"`{url.database}`.`{url.table}`"
+
+
+def spans_query(url: StoreURL, selection: Selection) -> str:
+    """The SELECT that reshapes the selected traces' spans (values left as parameters)."""
+    table = qualified_table(url)
+    if selection.everything:
+        trace_filter = "1"
+    else:
+        inner = _sql("clickhouse_select_traces.sql").replace("{table}", table)
+        trace_filter = f"TraceId IN ({inner})"
+    return (
+        _sql("clickhouse_select_spans.sql")
+        .replace("{span_attributes_json}", _map_json("SpanAttributes"))
+        .replace("{resource_attributes_json}", _map_json("ResourceAttributes"))
+        .replace("{link_attributes_json}", _map_json("la"))
+        .replace("{trace_filter}", trace_filter)
+        .replace("{table}", table)
+    )
+
+
+def traces_table_ddl(database: str, table: str) -> str:
+    """The exporter's CREATE TABLE, filled in as the exporter does (no cluster, no TTL)."""
+    return _sql("clickhouse_traces_table.sql") % (database, table, "", "MergeTree()", "")
+
+
+def connect(url: StoreURL) -> Any:
+    """A clickhouse-connect client for ``url`` (HTTP, or chDB in-process)."""
+    try:
+        import clickhouse_connect
+        from clickhouse_connect.driver.exceptions import Error as ClickHouseError
+    except ImportError as exc:
+        raise ConfigError(
+            "ClickHouse stores need clickhouse-connect (and chdb for chdb://): "
+            "pip install 'tracekit[clickhouse]'"
+        ) from exc
+    try:
+        if url.kind == "chdb":
+            return clickhouse_connect.get_client(
+                interface="chdb", path=url.path, database=url.database
+            )
+        return clickhouse_connect.get_client(
+            host=url.host,
+            port=url.port,
+            username=url.user,
+            password=url.password,
+            database=url.database,
+            secure=url.secure,
+            connect_timeout=10,
+        )
+    except ImportError as exc:
+        raise ConfigError(
+            f"chdb:// needs the chdb package: pip install 'tracekit[clickhouse]' ({exc})"
+        ) from exc
+    except (ClickHouseError, OSError) as exc:
+        raise QueryError(
+            f"cannot open ClickHouse store {url.display()}: {first_line(exc)}"
+        ) from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """The first meaningful line of a driver error (ClickHouse's run to pages)."""
+    text = str(exc).strip() or type(exc).__name__
+    line = text.splitlines()[0]
+    # Server errors repeat the whole query after the code; keep the message.
+    line = re.sub(r"\s*\(version [^)]*\)\s*$", "", line)
+    return line[:300]
+
+
+def check_table(client: Any, url: StoreURL) -> None:
+    """Raise a one-line error unless the table has the exporter's columns and types."""
+    rows = _run(
+        client,
+        url,
+        "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}",
+        {"db": url.database, "t": url.table},
+    )
+    if not rows:
+        present = _run(
+            client,
+            url,
+            "SELECT name FROM system.tables WHERE database = {db:String} ORDER BY name LIMIT 20",
+            {"db": url.database},
+        )
+        names = ", ".join(str(r[0]) for r in present) or "none"
+        raise QueryError(
+            f"no table {url.database}.{url.table} in {url.display()} (tables there: {names}); "
+            "pass --table NAME, or fill it with `tracekit ingest FILES --store URL`"
+        )
+    types = {str(name): str(typ) for name, typ in rows}
+    wrong = []
+    for column, pattern in REQUIRED_COLUMNS.items():
+        found = types.get(column)
+        if found is None:
+            wrong.append(f"{column} missing")
+        elif not re.fullmatch(pattern, found):
+            wrong.append(f"{column} is {found}")
+    if wrong:
+        shown = "; ".join(wrong[:4]) + ("; …" if len(wrong) > 4 else "")
+        raise QueryError(
+            f"{url.database}.{url.table} in {url.display()} is not the OpenTelemetry Collector "
+            f"ClickHouse exporter's traces table ({shown})"
+        )
+
+
+def _run(client: Any, url: StoreURL, sql: str, params: dict[str, Any]) -> list[Any]:
+    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
+
+    try:
+        return list(client.query(sql, parameters=params).result_rows)
+    except (ClickHouseError, OSError) as exc:
+        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
+
+
+def open_snapshot(url: StoreURL, selection: Selection | None = None) -> ClickHouseSnapshot:
+    """Pull the selected traces' spans out of ClickHouse into an in-memory DuckDB store."""
+    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
+
+    selection = selection or Selection()
+    client = connect(url)
+    t0 = time.perf_counter()
+    con = duckdb.connect(":memory:")
+    store = ClickHouseSnapshot(con, url)
+    try:
+        check_table(client, url)
+        con.execute(schema_sql()).fetchall()
+        columns = [c for c in SPAN_COLUMNS if c in _PULLED]
+        select = ", ".join(f"CAST({c} AS {SPAN_TYPES[c]})" for c in columns)
+        insert = f"INSERT OR IGNORE INTO spans ({', '.join(columns)}) SELECT {select} FROM tk_pull"
+        params = {**selection.parameters(), "source": f"clickhouse:{url.database}.{url.table}"}
+        stream = client.query_arrow_stream(
+            spans_query(url, selection), parameters=params, settings=_QUERY_SETTINGS
+        )
+        with stream:
+            for batch in stream:
+                store.pulled_rows += batch.num_rows
+                store.pulled_bytes += batch.nbytes
+                con.register("tk_pull", batch)
+                try:
+                    con.execute(insert).fetchall()
+                finally:
+                    con.unregister("tk_pull")
+    except (ClickHouseError, OSError) as exc:
+        store.close()
+        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
+    except BaseException:
+        store.close()
+        raise
+    finally:
+        client.close()
+    store.pull_seconds = time.perf_counter() - t0
+    return store
+
+
+def open_url(
+    text: str,
+    *,
+    table: str = "otel_traces",
+    selection: Selection | None = None,
+    read_only: bool = True,
+) -> ClickHouseSnapshot:
+    """:func:`open_snapshot` from a ``--store`` URL; analysis reads ClickHouse, never writes."""
+    from tracekit.analysis.store.url import parse_store_url
+
+    url = parse_store_url(text, table=table)
+    if not url.is_clickhouse:
+        raise ConfigError(f"{text!r} is not a ClickHouse URL")
+    if not read_only:
+        raise ConfigError(
+            f"{url.display()} is read-only for analysis; write traces to it with "
+            "`tracekit ingest FILES --store URL`"
+        )
+    return open_snapshot(url, selection)
+
+
+_PULLED = frozenset(
+    {
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "name",
+        "kind",
+        "start_ns",
+        "end_ns",
+        "status_code",
+        "service_name",
+        "service_version",
+        "instance_id",
+        "host_name",
+        "stage",
+        "time_kind",
+        "cpu_time_ns",
+        "gpu_time_ns",
+        "sample_weight",
+        "attributes",
+        "resource_attributes",
+        "links",
+        "source",
+        "trace_state",
+    }
+)
+"""Columns the pull produces; a ``spans`` column outside it keeps its default."""
