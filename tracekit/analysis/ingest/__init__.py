@@ -15,6 +15,7 @@ Ingest does not rebuild ``requests``: the caller runs ``attribution.refresh``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,12 +24,12 @@ from typing import Any
 
 import duckdb
 
-from tracekit.analysis.ingest import detect, fast, jaeger, otlp, staging
+from tracekit.analysis.ingest import detect, fast, jaeger, kineto, otlp, staging
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, Problem, ProblemLog
 from tracekit.analysis.ingest.rows import Origin
 from tracekit.analysis.store import Store
-from tracekit.errors import IngestError
+from tracekit.errors import ConfigError, IngestError
 
 __all__ = ["IngestReport", "Problem", "ingest_jaeger", "ingest_paths"]
 
@@ -40,10 +41,13 @@ def ingest_paths(
     version: str | None = None,
     strict: bool = False,
     progress: bool = False,
+    comm_pattern: str | None = None,
 ) -> IngestReport:
     """Read trace files and directories (recursively) into ``store``.
 
-    ``version`` labels spans whose resource has no ``service.version``. Raises
+    ``version`` labels spans whose resource has no ``service.version`` (and is the run
+    label of PyTorch-profiler files); ``comm_pattern`` is a regular expression for
+    device kernels that are communication besides NCCL's (profiler files). Raises
     :class:`IngestError` for a path that does not exist, and with ``strict`` at the first
     problem that would drop data (nothing is stored then).
     """
@@ -52,6 +56,12 @@ def ingest_paths(
         if not Path(raw).exists():
             raise IngestError(str(raw), "no such file or directory")
     files = list(detect.expand(list(paths)))
+    try:
+        comm = re.compile(comm_pattern) if comm_pattern else None
+    except re.error as exc:
+        raise ConfigError(
+            f"--comm-pattern {comm_pattern!r} is not a regular expression: {exc}"
+        ) from exc
 
     def read(reader: _Reader) -> None:
         with _progress(files, enabled=progress) as advance:
@@ -60,7 +70,13 @@ def ingest_paths(
                 advance(item)
 
     return _stage_and_store(
-        store, read, [f.display for f in files], version=version, strict=strict, started=started
+        store,
+        read,
+        [f.display for f in files],
+        version=version,
+        strict=strict,
+        started=started,
+        comm_pattern=comm,
     )
 
 
@@ -105,6 +121,7 @@ def _stage_and_store(
     version: str | None,
     strict: bool,
     started: float,
+    comm_pattern: re.Pattern[str] | None = None,
 ) -> IngestReport:
     """Run ``read`` over a fresh stage, move what it staged into ``spans``, report.
 
@@ -112,7 +129,7 @@ def _stage_and_store(
     is dropped whatever happens, and ``report.seconds`` counts from ``started``.
     """
     log = ProblemLog(strict=strict)
-    reader = _Reader(store, log)
+    reader = _Reader(store, log, version=version, comm_pattern=comm_pattern)
     report = IngestReport(files=len(names))
     staging.create(store)
     try:
@@ -126,6 +143,7 @@ def _stage_and_store(
             file_names=dict(enumerate(names)),
             file_spans=reader.file_spans,
         )
+        kineto.store_figures(store, reader.kineto, version)
     finally:
         staging.run(store, staging.sql("drop_stage"))
     report.seconds = time.perf_counter() - started
@@ -135,9 +153,20 @@ def _stage_and_store(
 class _Reader:
     """Reads one input after another into the stage, buffering Python-decoded rows."""
 
-    def __init__(self, store: Store, log: ProblemLog) -> None:
+    def __init__(
+        self,
+        store: Store,
+        log: ProblemLog,
+        *,
+        version: str | None = None,
+        comm_pattern: re.Pattern[str] | None = None,
+    ) -> None:
         self.store = store
         self.log = log
+        self.version = version
+        self.comm_pattern = comm_pattern
+        self.kineto: list[kineto.KinetoResult] = []
+        """Profiler files read: their GPU figures are stored after the spans."""
         self.rows: list[tuple[Any, ...]] = []
         self.file_spans: dict[int, int] = {}
 
@@ -145,6 +174,10 @@ class _Reader:
         self.log.current_file = item.display
         origin = Origin(item.display, file_no, self.log)
         try:
+            gz = detect.is_gzip(item.path)
+            if kineto.is_kineto(item.path, gz):
+                self._kineto(item, origin, gz)
+                return
             sniffed = detect.sniff(item.path)
         except OSError as exc:
             self.log.add(
@@ -163,6 +196,23 @@ class _Reader:
             self._python_lines(item, origin, sniffed.gzip, None)
         else:
             self._document(item, origin, sniffed.gzip)
+
+    def _kineto(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
+        result = kineto.read_kineto(
+            item.path,
+            gz,
+            origin,
+            version=self.version,
+            comm_pattern=self.comm_pattern,
+            earlier=self.kineto,
+        )
+        if result is None:
+            return
+        self.kineto.append(result)
+        self.rows.extend(result.rows)
+        self.file_spans[origin.file_no] = len(result.rows)
+        if len(self.rows) >= staging.BATCH_ROWS:
+            self.flush()
 
     def _otlp_lines(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
         self.flush()
