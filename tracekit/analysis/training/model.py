@@ -1,0 +1,198 @@
+"""The training analysis's result types: plain dataclasses, rendered elsewhere.
+
+At the bottom of the training package so that the step reader, the diff and the gate
+share them without importing each other's internals. Field names are the JSON keys
+(DESIGN.md "Training steps", issue 12); times are milliseconds as floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracekit import conventions as cv
+
+PEER_WAIT = "comm_peer_wait"
+"""Component: exposed communication spent waiting for the last rank to arrive."""
+TRANSFER = "comm_transfer"
+"""Component: exposed communication after the last rank arrived (the transfer itself)."""
+IMBALANCE = "compute_imbalance"
+"""Component: a rank's compute above the fastest rank's, averaged over ranks."""
+
+COMPUTE_STAGES: tuple[str, ...] = (cv.FORWARD, cv.BACKWARD, cv.OPTIMIZER)
+"""Stages whose time is this rank's own compute (compared per sample across runs)."""
+COMPONENT_ORDER: tuple[str, ...] = (
+    cv.DATA_WAIT,
+    cv.FORWARD,
+    cv.BACKWARD,
+    cv.OPTIMIZER,
+    IMBALANCE,
+    PEER_WAIT,
+    TRANSFER,
+)
+"""Components in step order; user stages follow, then ``unattributed``."""
+
+DATA_LOADING = "data_loading"
+COMMUNICATION = "communication"
+STRAGGLER = "straggler"
+COMPUTE = "compute"
+NONE = "none"
+BOTTLENECKS: tuple[str, ...] = (DATA_LOADING, COMMUNICATION, STRAGGLER, COMPUTE, NONE)
+"""Verdicts of a training diff."""
+
+
+def bottleneck_of(component: str) -> str:
+    """The bottleneck a component's growth points at."""
+    if component == cv.DATA_WAIT:
+        return DATA_LOADING
+    if component == TRANSFER:
+        return COMMUNICATION
+    if component in (PEER_WAIT, IMBALANCE):
+        return STRAGGLER
+    return COMPUTE
+
+
+@dataclass
+class Flag:
+    code: str
+    message: str
+
+
+@dataclass
+class StepQuantiles:
+    p50: float
+    p95: float
+
+
+@dataclass
+class Component:
+    """One component of a run's mean step time."""
+
+    name: str
+    mean_ms: float
+    share: float
+    """Of the mean step time (components add up to it)."""
+
+
+@dataclass
+class RankRow:
+    """One rank of a run. The ``gpu_*`` fields come from a profiler trace when one exists."""
+
+    rank: int
+    host: str | None
+    steps: int
+    step_ms_p50: float
+    data_wait_ms: float
+    compute_ms: float
+    comm_exposed_ms: float
+    peer_wait_ms: float
+    last_arrivals: int
+    gpu_idle_pct: float | None = None
+    gpu_compute_pct: float | None = None
+    gpu_non_compute_pct: float | None = None
+    comm_overlap_pct: float | None = None
+
+
+@dataclass
+class Straggler:
+    rank: int
+    host: str | None
+    last_arrivals: int
+    """Collectives this rank reached last."""
+    share: float
+    """Of the run's matched collectives."""
+    mean_lag_ms: float
+    """How much later than the median of the other ranks it arrived, when last."""
+
+
+@dataclass
+class RunSteps:
+    """One training run (a ``service.version``): where its step time goes."""
+
+    label: str
+    world_size: int
+    steps: int
+    step_ms: StepQuantiles
+    step_ms_mean: float
+    components: list[Component]
+    overlap_pct: float | None
+    """Share of communication time that ran while the launching stage computed."""
+    samples_per_s: float | None
+    samples_per_rank_step: float | None
+    ranks: list[RankRow]
+    stragglers: list[Straggler]
+    collectives: int
+    """Collectives matched across every rank by (group, seq)."""
+    clock_offset_ms: float
+    """Largest clock shift applied to a host to align collective ends (0: one host)."""
+    warmup_steps: int
+    flags: list[Flag] = field(default_factory=list)
+    step_times_ms: list[float] = field(default_factory=list, repr=False)
+    """Per step, the mean over ranks of the step span's duration (for diff and gate)."""
+    component_steps_ms: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    """Per component, its per-step value (aligned with ``step_times_ms``)."""
+    samples_per_step: list[float] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class StepsResult:
+    """``tracekit steps``: one entry per training run in the store."""
+
+    runs: list[RunSteps]
+    db: str
+    flags: list[Flag] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    label: str
+    world_size: int
+    steps: int
+    step_ms_p50: float
+    samples_per_s: float | None
+
+
+@dataclass
+class Scaling:
+    speedup: float | None
+    ideal: float
+    efficiency: float | None
+
+
+@dataclass
+class DiffComponent:
+    """One component's mean per-step time in each run and its share of the lost efficiency."""
+
+    name: str
+    before_ms: float
+    """Per-sample compute is scaled to the after run's per-rank batch."""
+    after_ms: float
+    delta_ms: float
+    share: float | None
+    """Of the step time lost against ideal scaling, by the counterfactual rule."""
+    bottleneck: str
+
+
+@dataclass
+class TrainingVerdict:
+    bottleneck: str
+    summary: str
+    fix: str
+    ranks: list[int]
+    """The straggler ranks, when the bottleneck is a straggler."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Share of the lost step time per bottleneck."""
+
+
+@dataclass
+class TrainingDiff:
+    """``tracekit diff`` of two training runs."""
+
+    before: RunSummary
+    after: RunSummary
+    scaling: Scaling
+    components: list[DiffComponent]
+    verdict: TrainingVerdict
+    flags: list[Flag]
+    ideal_step_ms: float
+    """The after run's mean step time under perfect scaling."""
+    kind: str = "training"

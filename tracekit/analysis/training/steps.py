@@ -1,0 +1,488 @@
+"""``tracekit steps``: one training run's step time, split by component, per rank.
+
+Reads the ``train_step`` traces of a run (a ``service.version``) and attributes each
+rank's step with the critical-path walk of
+:func:`tracekit.analysis.attribution.critical_path.analyse_trace` — the same machinery
+as requests — after one adjustment: a collective launched in the background
+(``tracekit.comm.async``, a DDP bucket) overlapped its stage's compute until the
+stage's last launch, so its span is taken to start there. The walk then charges only
+*exposed* communication; the rest is overlap.
+
+Exposed communication is split by matching collectives across ranks on (group, seq):
+waiting until the last rank arrived is **peer wait**, the rest **transfer**. Hosts'
+clocks are first aligned on collective ends (every rank leaves a collective at about
+the same time); ranks on one host share a clock and are never shifted.
+
+Per step, a component is the mean over ranks of its critical-path time, except that
+the compute stages keep the fastest rank's time and the excess of the others (their
+mean minus the minimum) is ``compute_imbalance``: a straggler's extra compute and the
+peer wait it causes are one problem. Components add up to the step time, which is the
+mean over ranks of the step span's duration (no clock alignment needed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from tracekit import conventions as cv
+from tracekit.analysis.attribution import critical_path as cp
+from tracekit.analysis.attribution.per_request import fetch_spans, json_path, trace_input
+from tracekit.analysis.store import Store
+from tracekit.analysis.training.model import (
+    COMPONENT_ORDER,
+    COMPUTE_STAGES,
+    IMBALANCE,
+    PEER_WAIT,
+    TRANSFER,
+    Component,
+    Flag,
+    RankRow,
+    RunSteps,
+    StepQuantiles,
+    StepsResult,
+    Straggler,
+)
+from tracekit.errors import QueryError
+
+NS = 1_000_000.0
+CLOCK_FLAG_MS = 0.1
+"""Alignment that moves a host by more than this is reported (``clock_aligned``)."""
+MAX_STRAGGLERS = 3
+
+_RUNS_SQL = """
+SELECT service_version, count(*) FROM spans
+WHERE parent_span_id IS NULL AND name = $step AND service_version IS NOT NULL
+GROUP BY 1 ORDER BY 1
+"""
+
+_STEPS_SQL = """
+SELECT trace_id, span_id, start_ns, end_ns, host_name, instance_id,
+       coalesce(TRY_CAST(json_extract_string(resource_attributes, $rank) AS INTEGER),
+                TRY_CAST(json_extract_string(attributes, $rank) AS INTEGER)) AS rank,
+       coalesce(TRY_CAST(json_extract_string(resource_attributes, $world) AS INTEGER),
+                TRY_CAST(json_extract_string(attributes, $world) AS INTEGER)) AS world,
+       TRY_CAST(json_extract_string(attributes, $step_idx) AS BIGINT) AS step,
+       TRY_CAST(json_extract_string(attributes, $samples) AS DOUBLE) AS samples
+FROM spans
+WHERE parent_span_id IS NULL AND name = $step AND service_version = $label
+  AND start_ns IS NOT NULL AND end_ns IS NOT NULL
+ORDER BY trace_id
+"""
+
+_COMM_SQL = """
+SELECT trace_id, span_id,
+       coalesce(json_extract_string(attributes, $group), 'default') AS grp,
+       TRY_CAST(json_extract_string(attributes, $seq) AS BIGINT) AS seq,
+       coalesce(TRY_CAST(json_extract_string(attributes, $async) AS BOOLEAN), false) AS is_async
+FROM spans
+WHERE stage = $comm AND trace_id IN (SELECT unnest($ids::VARCHAR[]))
+"""
+
+
+@dataclass
+class _RankStep:
+    """One rank's one step after the walk."""
+
+    trace_id: str
+    rank: int
+    step: int
+    host: str | None
+    duration_ns: int
+    samples: float | None
+    stages: dict[str, int]
+    """Critical-path ns per stage; communication already split into peer wait/transfer."""
+    comm_total_ns: int = 0
+    comm_exposed_ns: int = 0
+    comm_spans: list[tuple[int, int, int, str, int]] = field(default_factory=list)
+    """(span index, launch ns, end ns, group, seq) of each matched collective."""
+    segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Critical segments of each communication span."""
+
+
+def training_runs(store: Store) -> dict[str, int]:
+    """Run label -> number of ``train_step`` spans in the store."""
+    try:
+        rows = store.con.execute(_RUNS_SQL, {"step": cv.STEP_SPAN_NAME}).fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot read {store.path}: {exc}") from exc
+    return {str(label): int(n) for label, n in rows}
+
+
+def is_training_run(store: Store, label: str) -> bool:
+    """Whether ``label`` names a run of ``train_step`` traces."""
+    return label in training_runs(store)
+
+
+def steps_report(
+    store: Store,
+    version: str | None = None,
+    *,
+    warmup: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> StepsResult:
+    """:class:`StepsResult` for one run (``version``) or every training run in the store."""
+    runs = training_runs(store)
+    if version is not None:
+        if version not in runs:
+            known = ", ".join(runs) or "none"
+            raise QueryError(
+                f"no training run {version!r} in {store.path} (training runs: {known}); "
+                "a run is the service.version of processes that used tracekit.train_steps"
+            )
+        labels = [version]
+    else:
+        labels = list(runs)
+    out = []
+    for label in labels:
+        if progress:
+            progress(f"reading run {label}")
+        out.append(load_run(store, label, warmup=warmup))
+    return StepsResult(runs=out, db=store.path)
+
+
+def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
+    """Read and attribute every step of run ``label``."""
+    params = {
+        "step": cv.STEP_SPAN_NAME,
+        "label": label,
+        "rank": json_path(cv.RANK),
+        "world": json_path(cv.WORLD_SIZE),
+        "step_idx": json_path(cv.STEP),
+        "samples": json_path(cv.STEP_SAMPLES),
+    }
+    try:
+        roots = store.con.execute(_STEPS_SQL, params).fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot read steps from {store.path}: {exc}") from exc
+    if not roots:
+        raise QueryError(f"run {label!r} has no timed train_step spans in {store.path}")
+    ids = [r[0] for r in roots]
+    ranks = _ranks(roots)
+    comm = _comm_attributes(store, ids)
+    cols = fetch_spans(store, ids)
+    bounds = _bounds(cols["trace_id"])
+    rank_steps: list[_RankStep] = []
+    for trace_id, _sid, start, end, host, _inst, _r, _w, step, samples in roots:
+        lo, hi = bounds[trace_id]
+        rs = _walk_step(cols, lo, hi, comm)
+        if rs is None:
+            continue
+        rs.trace_id, rs.rank, rs.host = trace_id, ranks[trace_id], host
+        rs.step = int(step) if step is not None else -1
+        rs.duration_ns = int(end - start)
+        rs.samples = samples
+        rank_steps.append(rs)
+    world = max([r[7] or 0 for r in roots] + [len(set(ranks.values()))])
+    return _summarise(label, world, rank_steps, warmup)
+
+
+def _ranks(roots: list[tuple[Any, ...]]) -> dict[str, int]:
+    """Rank per step trace: as written, else numbered by process (service.instance.id)."""
+    instances = sorted({str(r[5]) for r in roots if r[6] is None})
+    dense = {inst: i for i, inst in enumerate(instances)}
+    return {r[0]: int(r[6]) if r[6] is not None else dense[str(r[5])] for r in roots}
+
+
+def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], tuple[str, int, bool]]:
+    params = {
+        "ids": ids,
+        "comm": cv.COMMUNICATION,
+        "group": json_path(cv.COMM_GROUP),
+        "seq": json_path(cv.COMM_SEQ),
+        "async": json_path(cv.COMM_ASYNC),
+    }
+    try:
+        rows = store.con.execute(_COMM_SQL, params).fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
+    return {(t, s): (g, -1 if q is None else int(q), bool(a)) for t, s, g, q, a in rows}
+
+
+def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    lo = 0
+    for i in range(1, len(trace_ids) + 1):
+        if i == len(trace_ids) or trace_ids[i] != trace_ids[lo]:
+            out[trace_ids[lo]] = (lo, i)
+            lo = i
+    return out
+
+
+def _walk_step(
+    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], tuple[str, int, bool]]
+) -> _RankStep | None:
+    t = trace_input(cols, lo, hi)
+    trace_id = cols["trace_id"][lo]
+    start = list(t.start)
+    info = [comm.get((trace_id, sid)) for sid in t.span_id]
+    # A background collective overlapped its stage until the stage's last launch.
+    last_launch: dict[str | None, int] = {}
+    for i, c in enumerate(info):
+        s0 = start[i]
+        if c is not None and c[2] and s0 is not None:
+            p = t.parent[i]
+            last_launch[p] = max(last_launch.get(p, s0), s0)
+    comm_total = 0
+    spans: list[tuple[int, int, int, str, int]] = []
+    intervals: list[tuple[int, int]] = []
+    for i, c in enumerate(info):
+        s, e = t.start[i], t.end[i]
+        if c is None or s is None or e is None:
+            continue
+        intervals.append((s, e))
+        if c[1] >= 0:
+            spans.append((i, s, e, c[0], c[1]))
+        if c[2]:
+            start[i] = min(max(s, last_launch[t.parent[i]]), e)
+    if intervals:
+        comm_total = _union(intervals)
+    t.start = start
+    a = cp.analyse_trace(t)
+    if isinstance(a, str):
+        return None
+    stages = {s.stage: s.critical_ns for s in a.stages}
+    segments: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for idx, s0, s1 in a.segments:
+        if a.effective_stage[idx] == cv.COMMUNICATION:
+            segments[idx].append((s0, s1))
+    return _RankStep(
+        trace_id=trace_id,
+        rank=-1,
+        step=-1,
+        host=None,
+        duration_ns=a.duration_ns,
+        samples=None,
+        stages=stages,
+        comm_total_ns=comm_total,
+        comm_exposed_ns=stages.get(cv.COMMUNICATION, 0),
+        comm_spans=spans,
+        segments=dict(segments),
+    )
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    intervals.sort()
+    total, cur_s, cur_e = 0, intervals[0][0], intervals[0][1]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + cur_e - cur_s
+
+
+# --- across ranks: clocks, arrivals, peer wait --------------------------------------
+
+
+def _host_offsets(rank_steps: list[_RankStep]) -> dict[str | None, int]:
+    """Per host, the median amount its clock is ahead of the lowest rank's host."""
+    ends: dict[tuple[str, int], dict[str | None, list[int]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for rs in rank_steps:
+        for _i, _s, e, g, q in rs.comm_spans:
+            ends[(g, q)][rs.host].append(e)
+    hosts = {rs.host for rs in rank_steps}
+    if len(hosts) < 2:
+        return {h: 0 for h in hosts}
+    ref = min(rank_steps, key=lambda r: r.rank).host
+    diffs: dict[str | None, list[float]] = defaultdict(list)
+    for per_host in ends.values():
+        if ref not in per_host:
+            continue
+        ref_end = statistics.median(per_host[ref])
+        for h, es in per_host.items():
+            diffs[h].append(statistics.median(es) - ref_end)
+    return {h: int(statistics.median(diffs[h])) if diffs.get(h) else 0 for h in hosts}
+
+
+def _arrivals(
+    rank_steps: list[_RankStep], offsets: dict[str | None, int], world: int
+) -> tuple[dict[tuple[str, int], int], dict[int, list[float]], int]:
+    """Last aligned arrival per collective, lags of the last rank, matched count."""
+    arrivals: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for rs in rank_steps:
+        off = offsets.get(rs.host, 0)
+        for _i, s, _e, g, q in rs.comm_spans:
+            arrivals[(g, q)].append((s - off, rs.rank))
+    last: dict[tuple[str, int], int] = {}
+    lags: dict[int, list[float]] = defaultdict(list)
+    matched = 0
+    for key, arr in arrivals.items():
+        last[key] = max(a for a, _ in arr)
+        if len(arr) < max(world, 2):
+            continue
+        matched += 1
+        arr.sort()
+        t_last, r_last = arr[-1]
+        others = [a for a, _ in arr[:-1]]
+        lags[r_last].append((t_last - float(np.median(others))) / NS)
+    return last, lags, matched
+
+
+def _split_comm(rs: _RankStep, last: dict[tuple[str, int], int], offset: int) -> None:
+    """Replace the step's communication time by peer wait and transfer."""
+    exposed = rs.stages.pop(cv.COMMUNICATION, 0)
+    peer = 0
+    for i, _s, _e, g, q in rs.comm_spans:
+        arrived = last.get((g, q))
+        if arrived is None:
+            continue
+        until = arrived + offset  # back on this rank's clock
+        for s0, s1 in rs.segments.get(i, ()):
+            peer += max(0, min(s1, until) - s0)
+    peer = min(peer, exposed)
+    rs.stages[PEER_WAIT] = peer
+    rs.stages[TRANSFER] = exposed - peer
+
+
+# --- one run --------------------------------------------------------------------------
+
+
+def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int) -> RunSteps:
+    flags: list[Flag] = []
+    offsets = _host_offsets(rank_steps)
+    last, lags, matched = _arrivals(rank_steps, offsets, world)
+    for rs in rank_steps:
+        _split_comm(rs, last, offsets.get(rs.host, 0))
+    clock_offset_ms = max((abs(v) for v in offsets.values()), default=0) / NS
+    if clock_offset_ms > CLOCK_FLAG_MS:
+        flags.append(
+            Flag(
+                "clock_aligned",
+                f"run {label}: host clocks disagreed by up to {clock_offset_ms:.2f} ms; "
+                "arrivals were compared after aligning them on collective ends",
+            )
+        )
+    by_step: dict[int, list[_RankStep]] = defaultdict(list)
+    for rs in rank_steps:
+        by_step[rs.step].append(rs)
+    step_ids = sorted(by_step)
+    skip = warmup if len(step_ids) > warmup + 2 else 0
+    kept = step_ids[skip:]
+    if any(len(by_step[s]) < world for s in kept):
+        flags.append(
+            Flag(
+                "missing_ranks",
+                f"run {label}: some steps lack spans of some of its {world} ranks "
+                "(a rank's file not ingested, or sampled out)",
+            )
+        )
+    names = sorted({k for rs in rank_steps for k in rs.stages} | {IMBALANCE})
+    comp_steps: dict[str, list[float]] = {n: [] for n in names}
+    step_ms: list[float] = []
+    samples: list[float] = []
+    for s in kept:
+        group = by_step[s]
+        step_ms.append(float(np.mean([r.duration_ns for r in group])) / NS)
+        total_samples = [r.samples for r in group if r.samples is not None]
+        samples.append(float(sum(total_samples)) if total_samples else float("nan"))
+        imbalance = 0.0
+        for n in names:
+            if n == IMBALANCE:
+                continue
+            vals = [r.stages.get(n, 0) / NS for r in group]
+            mean = float(np.mean(vals))
+            if n in COMPUTE_STAGES:
+                comp_steps[n].append(min(vals))
+                imbalance += mean - min(vals)
+            else:
+                comp_steps[n].append(mean)
+        comp_steps[IMBALANCE].append(imbalance)
+    mean_step = float(np.mean(step_ms)) if step_ms else 0.0
+    components = [
+        Component(n, float(np.mean(comp_steps[n])), float(np.mean(comp_steps[n])) / mean_step)
+        for n in _ordered(names)
+        if comp_steps[n] and (n in COMPONENT_ORDER or any(comp_steps[n]))
+    ]
+    total_comm = sum(r.comm_total_ns for r in rank_steps if r.step in kept)
+    exposed = sum(r.comm_exposed_ns for r in rank_steps if r.step in kept)
+    overlap = 1.0 - exposed / total_comm if total_comm else None
+    have_samples = not any(np.isnan(samples)) and samples
+    sps = float(np.sum(samples)) / (float(np.sum(step_ms)) / 1000.0) if have_samples else None
+    per_rank = float(np.mean(samples)) / world if have_samples else None
+    return RunSteps(
+        label=label,
+        world_size=world,
+        steps=len(kept),
+        step_ms=StepQuantiles(_q(step_ms, 0.5), _q(step_ms, 0.95)),
+        step_ms_mean=mean_step,
+        components=components,
+        overlap_pct=None if overlap is None else overlap * 100.0,
+        samples_per_s=sps,
+        samples_per_rank_step=per_rank,
+        ranks=_rank_rows(rank_steps, set(kept), lags),
+        stragglers=_stragglers(rank_steps, lags, matched),
+        collectives=matched,
+        clock_offset_ms=clock_offset_ms,
+        warmup_steps=skip,
+        flags=flags,
+        step_times_ms=step_ms,
+        component_steps_ms=comp_steps,
+        samples_per_step=samples,
+    )
+
+
+def _ordered(names: list[str]) -> list[str]:
+    builtin = [n for n in COMPONENT_ORDER if n in names]
+    rest = sorted(n for n in names if n not in COMPONENT_ORDER and n != cv.UNATTRIBUTED)
+    return builtin + rest + ([cv.UNATTRIBUTED] if cv.UNATTRIBUTED in names else [])
+
+
+def _q(values: list[float], q: float) -> float:
+    return float(np.quantile(values, q)) if values else float("nan")
+
+
+def _rank_rows(
+    rank_steps: list[_RankStep], kept: set[int], lags: dict[int, list[float]]
+) -> list[RankRow]:
+    per: dict[int, list[_RankStep]] = defaultdict(list)
+    for rs in rank_steps:
+        if rs.step in kept:
+            per[rs.rank].append(rs)
+    rows = []
+    for rank in sorted(per):
+        mine = per[rank]
+
+        def mean(f: Callable[[_RankStep], float], mine: list[_RankStep] = mine) -> float:
+            return float(np.mean([f(r) for r in mine]))
+
+        rows.append(
+            RankRow(
+                rank=rank,
+                host=mine[0].host,
+                steps=len(mine),
+                step_ms_p50=float(np.median([r.duration_ns for r in mine])) / NS,
+                data_wait_ms=mean(lambda r: r.stages.get(cv.DATA_WAIT, 0)) / NS,
+                compute_ms=mean(lambda r: sum(r.stages.get(s, 0) for s in COMPUTE_STAGES)) / NS,
+                comm_exposed_ms=mean(lambda r: r.comm_exposed_ns) / NS,
+                peer_wait_ms=mean(lambda r: r.stages.get(PEER_WAIT, 0)) / NS,
+                last_arrivals=len(lags.get(rank, [])),
+            )
+        )
+    return rows
+
+
+def _stragglers(
+    rank_steps: list[_RankStep], lags: dict[int, list[float]], matched: int
+) -> list[Straggler]:
+    hosts = {rs.rank: rs.host for rs in rank_steps}
+    ranked = sorted(lags.items(), key=lambda kv: (-len(kv[1]), -float(np.mean(kv[1]))))
+    return [
+        Straggler(
+            rank=r,
+            host=hosts.get(r),
+            last_arrivals=len(v),
+            share=len(v) / matched if matched else 0.0,
+            mean_lag_ms=float(np.mean(v)),
+        )
+        for r, v in ranked[:MAX_STRAGGLERS]
+    ]
