@@ -16,12 +16,14 @@ DESCRIPTION = """\
 Read traces into the tracekit store (a DuckDB file), then attribute each request's
 latency to stages. Formats are recognised from content: OTLP JSON or JSON lines
 (Collector file exporter, tracekit's exporter), gzip-compressed or not, Jaeger JSON
-(query API, single trace, span array, api_v3), and directories of these. Ingesting
+(query API, single trace, span array, api_v3), PyTorch profiler (Kineto) traces, one
+file per rank (run label from --version), and directories of these. Ingesting
 the same file twice stores nothing new. Exit 0, or 2 when input had to be skipped.
 
 examples:
   tracekit ingest traces.jsonl --version v2
   tracekit ingest exports/ --db perf.duckdb
+  tracekit ingest profiles/8gpu/ --version 8gpu --comm-pattern 'deep_ep|all2all'
   tracekit ingest exports/ --store clickhouse://default:@localhost:8123/otel   # otel_traces
   tracekit ingest --jaeger http://localhost:16686 --service ranker --since 2h
 """
@@ -43,6 +45,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--strict", action="store_true", help="stop at the first problem that would skip data"
+    )
+    parser.add_argument(
+        "--comm-pattern",
+        metavar="REGEX",
+        help="profiler files: kernels matching this are communication too (besides nccl)",
     )
     jaeger = parser.add_argument_group("pull from a running Jaeger")
     jaeger.add_argument(
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 version=args.release,
                 strict=args.strict,
                 progress=sys.stderr.isatty(),
+                comm_pattern=args.comm_pattern,
             )
         requests = _refresh(store, report.trace_ids)
         if target.is_clickhouse:
