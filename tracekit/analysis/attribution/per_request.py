@@ -19,6 +19,7 @@ import duckdb
 import numpy as np
 
 from tracekit import conventions as cv
+from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.store import Store, schema_sql
 from tracekit.errors import QueryError
@@ -48,56 +49,13 @@ SELECT trace_id, span_id, parent_span_id, name, kind, status_code,
        CASE WHEN stage IS NULL THEN json_extract_string(attributes, $route) END AS route
 FROM spans
 WHERE $all OR trace_id IN (SELECT trace_id FROM ids)
-ORDER BY trace_id
+ORDER BY trace_id, span_id
 """
 
 _DELETE_SQL = """
 DELETE FROM {table}
 WHERE $all OR trace_id IN (SELECT unnest($ids::VARCHAR[]))
 """
-
-_INSERT_REQUESTS_SQL = """
-INSERT INTO requests
-SELECT r.trace_id, r.root_span_id, s.service_name, s.service_version, s.instance_id,
-       s.host_name, s.name, json_extract_string(s.attributes, $route),
-       r.start_ns, r.duration_ns,
-       s.status_code = 'ERROR'
-         OR coalesce(TRY_CAST(json_extract_string(s.attributes, $status) AS DOUBLE), 0) >= 500,
-       s.sample_weight,
-       TRY_CAST(json_extract_string(s.attributes, $inflight) AS DOUBLE),
-       TRY_CAST(json_extract_string(s.attributes, $queue_depth) AS DOUBLE),
-       TRY_CAST(json_extract_string(s.attributes, $cpu) AS DOUBLE),
-       TRY_CAST(json_extract_string(s.attributes, $gpu) AS DOUBLE),
-       r.span_count, r.skewed_spans
-FROM tk_refresh_requests r
-JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.root_span_id
-"""
-
-_INSERT_STAGES_SQL = """
-INSERT INTO request_stages
-SELECT trace_id, stage, time_kind, critical_ns, wall_ns,
-       nullif(cpu_time_ns, -1), nullif(gpu_time_ns, -1)
-FROM tk_refresh_stages
-"""
-
-
-_REQUEST_COLUMNS = (
-    "trace_id",
-    "root_span_id",
-    "start_ns",
-    "duration_ns",
-    "span_count",
-    "skewed_spans",
-)
-_STAGE_COLUMNS = (
-    "trace_id",
-    "stage",
-    "time_kind",
-    "critical_ns",
-    "wall_ns",
-    "cpu_time_ns",
-    "gpu_time_ns",
-)
 
 
 @dataclass
@@ -180,7 +138,7 @@ def trace_input(c: dict[str, list[Any]], lo: int, hi: int) -> cp.TraceInput:
     )
 
 
-def _trace_bounds(trace_ids: list[str]) -> list[tuple[int, int]]:
+def trace_bounds(trace_ids: list[str]) -> list[tuple[int, int]]:
     """(first, past-last) row of each trace in rows ordered by trace id."""
     n = len(trace_ids)
     if n == 0:
@@ -191,76 +149,192 @@ def _trace_bounds(trace_ids: list[str]) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
+_ATTR_SQL = """
+CREATE OR REPLACE TEMP TABLE _tk_attr AS
+WITH sel AS (
+    SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, service_name,
+           stage, time_kind, cpu_time_ns, gpu_time_ns, attributes
+    FROM spans
+    WHERE $all OR trace_id IN (SELECT unnest($ids::VARCHAR[]))
+),
+num AS (
+    SELECT *, (row_number() OVER (ORDER BY trace_id, span_id) - 1)::BIGINT AS row,
+           (dense_rank() OVER (ORDER BY trace_id) - 1)::BIGINT AS trace_no,
+           CASE WHEN service_name IS NULL THEN -1
+                ELSE dense_rank() OVER (ORDER BY service_name) END::BIGINT AS svc
+    FROM sel
+)
+SELECT n.row, n.trace_no, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGINT AS parent_row,
+       n.start_ns IS NOT NULL AND n.end_ns IS NOT NULL AS has_ts,
+       coalesce(n.start_ns, 0) AS start_ns, coalesce(n.end_ns, 0) AS end_ns,
+       n.stage,
+       coalesce(list_position($kinds, n.time_kind) - 1, -1)::BIGINT AS tk,
+       n.svc,
+       n.kind = 'SERVER' AS is_server, n.kind IN ('CLIENT', 'PRODUCER') AS is_outcall,
+       n.name = $batch_name OR coalesce(json_exists(n.attributes, $batch_path), false) AS is_batch,
+       CASE WHEN n.stage IS NULL THEN
+            json_extract_string(n.attributes, $db1) IS NOT NULL
+            OR json_extract_string(n.attributes, $db2) IS NOT NULL ELSE false END AS is_db,
+       CASE WHEN n.stage IS NULL THEN n.name END AS name,
+       CASE WHEN n.stage IS NULL THEN json_extract_string(n.attributes, $route) END AS route,
+       coalesce(n.cpu_time_ns, -1) AS cpu_ns, coalesce(n.gpu_time_ns, -1) AS gpu_ns
+FROM num n LEFT JOIN num p ON p.trace_id = n.trace_id AND p.span_id = n.parent_span_id
+"""
+
+_ARRAYS_SQL = """
+SELECT trace_no, parent_row, has_ts, start_ns, end_ns,
+       coalesce(list_position($stages, stage) - 1, -1)::BIGINT AS stage_code,
+       tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns
+FROM _tk_attr ORDER BY row
+"""
+
+_BULK_REQUESTS_SQL = """
+INSERT INTO requests
+SELECT a.trace_id, a.span_id, s.service_name, s.service_version, s.instance_id,
+       s.host_name, s.name, json_extract_string(s.attributes, $route),
+       r.start_ns, r.duration_ns,
+       s.status_code = 'ERROR'
+         OR coalesce(TRY_CAST(json_extract_string(s.attributes, $status) AS DOUBLE), 0) >= 500,
+       s.sample_weight,
+       TRY_CAST(json_extract_string(s.attributes, $inflight) AS DOUBLE),
+       TRY_CAST(json_extract_string(s.attributes, $queue_depth) AS DOUBLE),
+       TRY_CAST(json_extract_string(s.attributes, $cpu) AS DOUBLE),
+       TRY_CAST(json_extract_string(s.attributes, $gpu) AS DOUBLE),
+       r.span_count, r.skewed_spans
+FROM tk_refresh_requests r
+JOIN _tk_attr a ON a.row = r.root_row
+JOIN spans s ON s.trace_id = a.trace_id AND s.span_id = a.span_id
+"""
+
+_BULK_STAGES_SQL = """
+INSERT INTO request_stages
+SELECT a.trace_id, $stages[r.stage + 1], $kinds[r.kind + 1], r.critical_ns, r.wall_ns,
+       nullif(r.cpu_time_ns, -1), nullif(r.gpu_time_ns, -1)
+FROM tk_refresh_stages r JOIN _tk_attr a ON a.row = r.root_row
+"""
+
+
+def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
+    """The spans of ``ids`` (every trace when None) as :class:`bulk.SpanArrays`.
+
+    Leaves the temporary table ``_tk_attr`` behind (row -> ids, names) for the writes
+    and for :func:`names_for`; :func:`refresh` drops it.
+    """
+    params = {
+        "ids": ids or [],
+        "all": ids is None,
+        "kinds": list(cv.TIME_KINDS),
+        "batch_name": cv.BATCH_SPAN_NAME,
+        "batch_path": json_path(cv.BATCH_REQUEST_COUNT),
+        "db1": json_path(_DB_SYSTEM_KEYS[0]),
+        "db2": json_path(_DB_SYSTEM_KEYS[1]),
+        "route": json_path(cv.HTTP_ROUTE),
+    }
+    try:
+        store.con.execute(_ATTR_SQL, params)
+        stages = [
+            str(r[0])
+            for r in store.con.execute(
+                "SELECT DISTINCT stage FROM _tk_attr WHERE stage IS NOT NULL ORDER BY 1"
+            ).fetchall()
+        ]
+        cols = store.con.execute(_ARRAYS_SQL, {"stages": stages}).fetchnumpy()
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot read spans from {store.path}: {exc}") from exc
+
+    def col(name: str, dtype: Any) -> Any:
+        return np.asarray(cols[name], dtype=dtype)
+
+    return bulk.SpanArrays(
+        trace=col("trace_no", np.int64),
+        parent=col("parent_row", np.int64),
+        start=col("start_ns", np.int64),
+        end=col("end_ns", np.int64),
+        has_ts=col("has_ts", bool),
+        stage=col("stage_code", np.int64),
+        time_kind=col("tk", np.int64),
+        service=col("svc", np.int64),
+        is_server=np.asarray(np.ma.filled(cols["is_server"], False), dtype=bool),
+        is_outcall=np.asarray(np.ma.filled(cols["is_outcall"], False), dtype=bool),
+        is_batch=np.asarray(np.ma.filled(cols["is_batch"], False), dtype=bool),
+        is_db=col("is_db", bool),
+        cpu_ns=col("cpu_ns", np.int64),
+        gpu_ns=col("gpu_ns", np.int64),
+        stage_names=stages,
+    )
+
+
+def names_for(store: Store) -> bulk.NamesFor:
+    """(name, http.route) of rows of ``_tk_attr``, for fallback stage names."""
+
+    def fetch(rows: Any) -> list[tuple[str, str | None]]:
+        got = store.con.execute(
+            "SELECT row, name, route FROM _tk_attr WHERE row IN (SELECT unnest($rows::BIGINT[]))",
+            {"rows": [int(r) for r in rows]},
+        ).fetchall()
+        by_row = {int(r): (str(nm or ""), rt) for r, nm, rt in got}
+        return [by_row[int(r)] for r in rows]
+
+    return fetch
+
+
 def refresh(store: Store, trace_ids: Iterable[str] | None = None) -> RefreshReport:
     """Rebuild ``requests``/``request_stages`` for ``trace_ids`` (every trace when None).
 
     Delete-then-insert in one transaction: idempotent, and a partial refresh leaves
-    other traces' rows alone.
+    other traces' rows alone. The traces are attributed all at once by
+    :func:`tracekit.analysis.attribution.bulk.analyse_all` (the same results as
+    :func:`~tracekit.analysis.attribution.critical_path.analyse_trace` trace by trace).
     """
     t0 = time.perf_counter()
     ids = None if trace_ids is None else sorted(set(trace_ids))
     report = RefreshReport()
     if ids is not None and not ids:
         return report
-    c = fetch_spans(store, ids)
-    tid = c["trace_id"]
-    report.spans = len(tid)
-    req_cols: dict[str, list[Any]] = {k: [] for k in _REQUEST_COLUMNS}
-    stage_cols: dict[str, list[Any]] = {k: [] for k in _STAGE_COLUMNS}
-    for lo, hi in _trace_bounds(tid):
-        report.traces += 1
-        t = trace_input(c, lo, hi)
-        a = cp.analyse_trace(t)
-        if isinstance(a, str):
-            if a == cp.SKIP_BATCH:
-                report.batch_traces += 1
-            elif a == cp.SKIP_NO_TIMESTAMPS:
-                report.skipped_no_timestamps += 1
-            else:
-                report.skipped_no_root += 1
-            continue
-        trace = tid[lo]
-        report.requests += 1
-        report.orphans_attached += a.orphans_attached
-        report.orphans_dropped += a.orphans_dropped
-        report.skewed_spans += a.skewed_spans
-        report.fallback_traces += a.fallback
-        req_cols["trace_id"].append(trace)
-        req_cols["root_span_id"].append(t.span_id[a.root])
-        req_cols["start_ns"].append(a.start_ns)
-        req_cols["duration_ns"].append(a.duration_ns)
-        req_cols["span_count"].append(hi - lo)
-        req_cols["skewed_spans"].append(a.skewed_spans)
-        for s in a.stages:
-            stage_cols["trace_id"].append(trace)
-            stage_cols["stage"].append(s.stage)
-            stage_cols["time_kind"].append(s.time_kind)
-            stage_cols["critical_ns"].append(s.critical_ns)
-            stage_cols["wall_ns"].append(s.wall_ns)
-            stage_cols["cpu_time_ns"].append(-1 if s.cpu_time_ns is None else s.cpu_time_ns)
-            stage_cols["gpu_time_ns"].append(-1 if s.gpu_time_ns is None else s.gpu_time_ns)
-
-    _write(store, ids, req_cols, stage_cols)
+    try:
+        arrays = load_arrays(store, ids)
+        res = bulk.analyse_all(arrays, names_for(store))
+        report.spans = len(arrays.trace)
+        report.traces = res.traces
+        report.requests = len(res.req_trace)
+        report.batch_traces = res.batch_traces
+        report.skipped_no_timestamps = res.skipped_no_timestamps
+        report.skipped_no_root = res.skipped_no_root
+        report.orphans_attached = res.orphans_attached
+        report.orphans_dropped = res.orphans_dropped
+        report.skewed_spans = res.skewed_spans
+        report.fallback_traces = res.fallback_traces
+        req = {
+            "root_row": res.req_root,
+            "start_ns": res.req_start,
+            "duration_ns": res.req_duration,
+            "span_count": res.req_span_count,
+            "skewed_spans": res.req_skewed,
+        }
+        stages = {
+            "root_row": res.st_root,
+            "stage": res.st_stage,
+            "kind": res.st_kind,
+            "critical_ns": res.st_critical,
+            "wall_ns": res.st_wall,
+            "cpu_time_ns": res.st_cpu,
+            "gpu_time_ns": res.st_gpu,
+        }
+        _write(store, ids, req, stages, res.stage_names)
+    finally:
+        store.con.execute("DROP TABLE IF EXISTS _tk_attr")
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def _columns(cols: dict[str, list[Any]], ints: tuple[str, ...]) -> dict[str, np.ndarray]:
-    return {
-        k: np.array(v, dtype=np.int64) if k in ints else np.array(v, dtype=object)
-        for k, v in cols.items()
-    }
 
 
 def _write(
     store: Store,
     ids: list[str] | None,
-    req_cols: dict[str, list[Any]],
-    stage_cols: dict[str, list[Any]],
+    req: dict[str, Any],
+    stages: dict[str, Any],
+    stage_names: list[str],
 ) -> None:
     con = store.con
-    req = _columns(req_cols, ("start_ns", "duration_ns", "span_count", "skewed_spans"))
-    stages = _columns(stage_cols, ("critical_ns", "wall_ns", "cpu_time_ns", "gpu_time_ns"))
     params = {
         "route": json_path(cv.HTTP_ROUTE),
         "status": json_path(cv.HTTP_RESPONSE_STATUS_CODE),
@@ -281,9 +355,9 @@ def _write(
                 # request_stages first: it is the dependent table.
                 con.execute(_DELETE_SQL.format(table="request_stages"), scope)
                 con.execute(_DELETE_SQL.format(table="requests"), scope)
-            if len(req["trace_id"]):
-                con.execute(_INSERT_REQUESTS_SQL, params)
-                con.execute(_INSERT_STAGES_SQL)
+            if len(req["root_row"]):
+                con.execute(_BULK_REQUESTS_SQL, params)
+                con.execute(_BULK_STAGES_SQL, {"stages": stage_names, "kinds": list(cv.TIME_KINDS)})
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")

@@ -1,0 +1,186 @@
+"""The vectorised attribution (bulk.analyse_all, what refresh runs) against the reference.
+
+critical_path.analyse_trace is the pure-Python walk tracekit shipped first; it stays
+as the reference. Every trace of the shared corpus, of the builder's demo-shaped
+requests and of a few thousand random trees (skew, orphans, batch spans, missing
+timestamps, cycles, traces without any tracekit.stage) must come out of ``refresh``
+exactly as the reference computes it trace by trace.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.analysis.attribution import critical_path as cp
+from tracekit.analysis.attribution import per_request
+from tracekit.analysis.ingest import ingest_paths
+from tracekit.analysis.store import SPAN_COLUMNS, Store
+from tracekit.testing import TraceBuilder, worked_example
+
+
+def reference(store: Store) -> tuple[dict[str, Any], dict[str, int]]:
+    """Per trace, what the Python walk makes of it; plus the refresh tallies."""
+    c = per_request.fetch_spans(store, None)
+    out: dict[str, Any] = {}
+    tally = {"batch": 0, "no_ts": 0, "no_root": 0, "attached": 0, "dropped": 0, "skew": 0}
+    for lo, hi in per_request.trace_bounds(c["trace_id"]):
+        t = per_request.trace_input(c, lo, hi)
+        a = cp.analyse_trace(t)
+        if a == cp.SKIP_BATCH:
+            tally["batch"] += 1
+        elif a == cp.SKIP_NO_TIMESTAMPS:
+            tally["no_ts"] += 1
+        elif a == cp.SKIP_NO_ROOT:
+            tally["no_root"] += 1
+        if isinstance(a, str):
+            continue
+        tally["attached"] += a.orphans_attached
+        tally["dropped"] += a.orphans_dropped
+        tally["skew"] += a.skewed_spans
+        stages = sorted(
+            (s.stage, s.time_kind, s.critical_ns, s.wall_ns, s.cpu_time_ns, s.gpu_time_ns)
+            for s in a.stages
+        )
+        out[c["trace_id"][lo]] = (
+            t.span_id[a.root],
+            a.start_ns,
+            a.duration_ns,
+            hi - lo,
+            a.skewed_spans,
+            stages,
+        )
+    return out, tally
+
+
+def stored(store: Store) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for row in store.run(
+        "SELECT trace_id, root_span_id, start_ns, duration_ns, span_count, skewed_spans "
+        "FROM requests"
+    ):
+        out[row[0]] = [*row[1:], []]
+    for tid, *rest in store.run(
+        "SELECT trace_id, stage, time_kind, critical_ns, wall_ns, cpu_time_ns, gpu_time_ns "
+        "FROM request_stages"
+    ):
+        out[tid][-1].append(tuple(rest))
+    return {k: (*v[:-1], sorted(v[-1])) for k, v in out.items()}
+
+
+def assert_same(store: Store) -> per_request.RefreshReport:
+    report = per_request.refresh(store)
+    want, tally = reference(store)
+    got = stored(store)
+    assert got == want
+    assert (
+        report.batch_traces,
+        report.skipped_no_timestamps,
+        report.skipped_no_root,
+        report.orphans_attached,
+        report.orphans_dropped,
+        report.skewed_spans,
+    ) == tuple(tally.values())
+    for _, _, duration, _, _, stages in got.values():
+        assert sum(s[2] for s in stages) == duration
+    return report
+
+
+def test_corpus_traces_attribute_as_the_reference_does(store: Store, corpus_dir: Path) -> None:
+    files = [p for p in sorted(corpus_dir.rglob("*.json*")) if "manifest" not in p.name]
+    ingest_paths(store, files)
+    report = assert_same(store)
+    assert report.requests >= 10
+
+
+def test_demo_shaped_requests_attribute_as_the_reference_does(store: Store) -> None:
+    b = TraceBuilder(service="ranker", version="v1", seed=3)
+    for k in range(40):
+        worked_example(b, start_ms=k * 200.0)
+    b.load(store)
+    assert_same(store)
+
+
+_STAGE_CHOICES = [None, None, None, cv.PREPROCESS, cv.MODEL_EXECUTE, cv.DOWNSTREAM, "custom"]
+_KIND_CHOICES = ["SERVER", "INTERNAL", "CLIENT", "PRODUCER", "CONSUMER"]
+
+
+def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
+    n = rnd.randint(1, 14)
+    tid = f"{trace_no:032x}"
+    ids = [f"{rnd.getrandbits(64):016x}" for _ in range(n)]
+    fallback = rnd.random() < 0.25
+    rows = []
+    for i in range(n):
+        if i == 0:
+            parent = None if rnd.random() < 0.9 else ids[-1]  # sometimes a cycle
+        elif rnd.random() < 0.12:
+            parent = None if rnd.random() < 0.5 else f"{rnd.getrandbits(64):016x}"
+        else:
+            parent = ids[rnd.randrange(i)]
+        start = rnd.randint(0, 60) if i else 0
+        end = start + rnd.choice([0, rnd.randint(0, 40), rnd.randint(0, 120)])
+        if rnd.random() < 0.05:
+            end = start - rnd.randint(1, 5)
+        no_ts = rnd.random() < 0.01
+        stage = None if fallback else rnd.choice(_STAGE_CHOICES)
+        batch = rnd.random() < 0.04
+        attrs: dict[str, Any] = {}
+        if batch:
+            attrs[cv.BATCH_REQUEST_COUNT] = 2
+        if rnd.random() < 0.2:
+            attrs[cv.HTTP_ROUTE] = rnd.choice(["/a/123", "/b", "/users/7f3e9a0b12"])
+        if rnd.random() < 0.05:
+            attrs[cv.DB_SYSTEM] = "redis"
+        rows.append(
+            (
+                tid,
+                ids[i],
+                parent,
+                rnd.choice(["op", "GET /x", "handler 42"]),
+                rnd.choice(_KIND_CHOICES),
+                None if no_ts else start,
+                None if no_ts else end,
+                "UNSET",
+                rnd.choice(["svc", "svc", "other", None]),
+                "v1",
+                None,
+                None,
+                stage,
+                rnd.choice([None, cv.WAIT, cv.COMPUTE, "bogus"]),
+                rnd.choice([None, rnd.randint(0, 50)]),
+                rnd.choice([None, None, rnd.randint(0, 50)]),
+                1.0,
+                json.dumps(attrs),
+                "{}",
+                "[]",
+                "random",
+            )
+        )
+    return rows
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_trees_attribute_as_the_reference_does(store: Store, seed: int) -> None:
+    rnd = random.Random(seed)
+    rows = [r for k in range(700) for r in _random_rows(rnd, seed * 10_000 + k)]
+    assert len(SPAN_COLUMNS) == len(rows[0])
+    store.insert_spans(rows)
+    report = assert_same(store)
+    assert report.requests > 300 and report.fallback_traces > 50
+
+
+def test_a_partial_refresh_keeps_other_traces(store: Store) -> None:
+    rnd = random.Random(9)
+    rows = [r for k in range(50) for r in _random_rows(rnd, k)]
+    store.insert_spans(rows)
+    per_request.refresh(store)
+    before = stored(store)
+    some = sorted(before)[:10]
+    per_request.refresh(store, some)
+    assert stored(store) == before
