@@ -148,3 +148,15 @@ def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ..
     others = sorted(s for s in names if s not in STAGES and s != UNATTRIBUTED)
     tail = [UNATTRIBUTED] if UNATTRIBUTED in names else []
     return tuple(builtin + others + tail)
+
+# --- metrics the instrumentation exports (configure(metrics=...)) ------------------
+METRIC_HTTP_SERVER_DURATION: Final = "http.server.request.duration"
+"""OTel semconv histogram of request durations in seconds, by ``http.route``."""
+METRIC_STAGE_DURATION: Final = "tracekit.stage.duration"
+"""Histogram of stage wall time in seconds, by ``tracekit.stage`` and ``tracekit.time_kind``."""
+METRIC_INFLIGHT: Final = "tracekit.inflight"
+"""Gauge: requests the process is serving now (the audit's in-flight signal)."""
+METRIC_QUEUE_DEPTH: Final = "tracekit.queue.depth"
+"""Gauge: requests waiting in the process's batch queues now."""
+METRIC_BATCH_SIZE: Final = "tracekit.batch.size"
+"""Histogram of requests per executed batch."""

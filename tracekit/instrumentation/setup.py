@@ -116,6 +116,8 @@ class _State:
     provider: TracerProvider | None = None
     key: tuple[Any, ...] | None = None
     pipelines: list[ExportPipeline] = field(default_factory=list)
+    metrics: Any = None
+    """The running :class:`tracekit.instrumentation.metrics.Metrics`, when asked for."""
 
 
 _STATE = _State()
@@ -283,6 +285,8 @@ def configure(
     resource_attributes: Mapping[str, Any] | None = None,
     sample_ratio: float = 1.0,
     set_global: bool = True,
+    metrics: str | None = None,
+    metrics_port: int = 9464,
 ) -> TracerProvider:
     """Set up tracing for this process; calling it again with the same values does nothing.
 
@@ -293,6 +297,11 @@ def configure(
     file and sends to Jaeger at once. ``sample_ratio`` < 1 keeps that share of traces
     and marks each kept root with ``tracekit.sample.weight`` = 1/ratio. With different
     values, the previous set-up is flushed and replaced. Returns the SDK provider.
+
+    ``metrics`` also exports OTel metrics (request and stage duration histograms,
+    in-flight and queue-depth gauges, batch sizes; :mod:`tracekit.instrumentation.metrics`):
+    ``"prometheus"`` serves them on 127.0.0.1:``metrics_port``, ``"otlp"`` pushes them
+    to the OTLP endpoint.
     """
     if not 0.0 < sample_ratio <= 1.0:
         raise ConfigError(f"configure(): sample_ratio must be in (0, 1], got {sample_ratio!r}")
@@ -308,6 +317,8 @@ def configure(
         os.environ.get(ENV_OTLP_PROTOCOL),
         tuple(sorted((headers or {}).items())),
         sample_ratio,
+        metrics,
+        metrics_port,
     )
     with _LOCK:
         if _STATE.key == key and _STATE.provider is not None:
@@ -315,6 +326,7 @@ def configure(
         built = [_build(s, path, endpoint, headers) for s in specs]
         if _STATE.provider is not None:
             _close(timeout_s=5.0)
+        metrics_setup = _start_metrics(metrics, metrics_port, attrs, endpoint)
         sampler = ParentBased(TraceIdRatioBased(sample_ratio)) if sample_ratio < 1.0 else None
         provider = TracerProvider(
             resource=Resource.create(attrs), sampler=sampler, shutdown_on_exit=False
@@ -324,11 +336,24 @@ def configure(
         pipelines = [ExportPipeline(exp, target) for exp, target in built]
         for pipeline in pipelines:
             provider.add_span_processor(pipeline)
+        if metrics_setup is not None:
+            provider.add_span_processor(metrics_setup.processor)
         _STATE.provider, _STATE.key, _STATE.pipelines = provider, key, pipelines
+        _STATE.metrics = metrics_setup
         _STATE.generation += 1
         RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
         return provider
+
+
+def _start_metrics(
+    mode: str | None, port: int, attrs: dict[str, Any], endpoint: str | None
+) -> Any:
+    if mode is None:
+        return None
+    from tracekit.instrumentation.metrics import Metrics
+
+    return Metrics(mode, resource=Resource.create(attrs), port=port, endpoint=endpoint)
 
 
 def _install_global(set_global: bool) -> None:
@@ -372,6 +397,9 @@ def _close(timeout_s: float) -> None:
     with _LOCK:
         provider, pipelines = _STATE.provider, _STATE.pipelines
         _STATE.provider, _STATE.key, _STATE.pipelines = None, None, []
+        metrics, _STATE.metrics = _STATE.metrics, None
+        if metrics is not None:
+            metrics.shutdown()
         _STATE.generation += 1
     if provider is None:
         return

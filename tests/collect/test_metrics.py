@@ -1,0 +1,119 @@
+"""configure(metrics="prometheus"): a real FastAPI app on uvicorn, its /metrics scraped over
+HTTP and parsed with prometheus_client's parser; the series are the ones autoscale names."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+import tracekit
+from tracekit import conventions as cv
+from tracekit.instrumentation import setup
+from tracekit.instrumentation.metrics import PROMETHEUS_SERIES
+
+
+def _serve(app: Any) -> Iterator[str]:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture
+def metrics_port() -> Iterator[int]:
+    tracekit.configure(
+        service_name="ranker",
+        service_version="v1",
+        exporter=InMemorySpanExporter(),
+        metrics="prometheus",
+        metrics_port=0,
+    )
+    state = setup._STATE.metrics
+    assert state is not None
+    yield state.port
+    tracekit.shutdown()
+
+
+def _scrape(port: int) -> dict[str, Any]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_prometheus_endpoint_exports_the_named_series(metrics_port: int) -> None:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/predict/{item}")
+    async def predict(item: str) -> dict[str, str]:
+        with tracekit.stage(cv.FEATURE_RETRIEVAL):
+            await asyncio.sleep(0.004)
+        with tracekit.stage(cv.MODEL_EXECUTE):
+            time.sleep(0.002)
+        return {"item": item}
+
+    tracekit.instrument_fastapi(app)
+    gen = _serve(app)
+    base = next(gen)
+    try:
+        with httpx.Client() as http:
+            for i in range(5):
+                assert http.get(f"{base}/predict/{i}").status_code == 200
+    finally:
+        next(gen, None)
+    setup.flush()
+    families = _scrape(metrics_port)
+
+    # prometheus_client's parser names histogram families without the _bucket suffix.
+    request = families[PROMETHEUS_SERIES[cv.METRIC_HTTP_SERVER_DURATION]]
+    assert request.type == "histogram"
+    counts = [s for s in request.samples if s.name.endswith("_count")]
+    assert [s.labels[cv.HTTP_ROUTE.replace(".", "_")] for s in counts] == ["/predict/{item}"]
+    assert counts[0].value == 5
+    bounds = {s.labels["le"] for s in request.samples if s.name.endswith("_bucket")}
+    assert {"0.001", "0.005", "0.01"} <= bounds  # milliseconds resolved
+
+    stage = families[PROMETHEUS_SERIES[cv.METRIC_STAGE_DURATION]]
+    by_stage = {
+        (s.labels["tracekit_stage"], s.labels["tracekit_time_kind"]): s.value
+        for s in stage.samples
+        if s.name.endswith("_count")
+    }
+    assert by_stage == {(cv.FEATURE_RETRIEVAL, cv.WAIT): 5, (cv.MODEL_EXECUTE, cv.COMPUTE): 5}
+    inflight = families[PROMETHEUS_SERIES[cv.METRIC_INFLIGHT]]
+    assert inflight.type == "gauge" and inflight.samples[0].value == 0
+    assert families[PROMETHEUS_SERIES[cv.METRIC_QUEUE_DEPTH]].type == "gauge"
+
+
+def test_the_metrics_port_is_loopback_and_free_after_shutdown() -> None:
+    tracekit.configure(
+        service_name="ranker", exporter=InMemorySpanExporter(), metrics="prometheus", metrics_port=0
+    )
+    state = setup._STATE.metrics
+    port = state.port
+    assert state._server.server_address[0] == "127.0.0.1"
+    tracekit.shutdown()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
