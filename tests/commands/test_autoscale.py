@@ -11,7 +11,7 @@ from tracekit import conventions as cv
 from tracekit.cli import main
 from tracekit.commands._common import duration_type
 
-from .autoscale_timelines import queueing_timeline
+from ..analysis.autoscale_timelines import queueing_timeline
 
 parse_window = duration_type()  # what --window uses
 
