@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tracekit.commands._common import add_command, add_db
 
 if TYPE_CHECKING:
+    from tracekit.analysis.autoscale.audit import AutoscaleResult
     from tracekit.analysis.autoscale.model import Slo
     from tracekit.analysis.compare.diff import Exemplar
     from tracekit.analysis.compare.summary import SlowFast
@@ -86,6 +87,61 @@ def write_html(path: str | Path, text: str) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return out
+
+
+def add_html(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--html FILE`` for a command that can draw its part of the report."""
+    parser.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help=f"also write {what} as a self-contained HTML page (as `tracekit report` does)",
+    )
+
+
+def write_gate_html(
+    path: str,
+    store: Store,
+    result: GateResult,
+    *,
+    service: str | None = None,
+    route: str | None = None,
+    seed: int = 0,
+) -> None:
+    """``tracekit gate --html``: the whole release report around the gate's own result."""
+    from tracekit.render.html import render_report
+
+    report = gather_report(
+        store,
+        result.before.label,
+        result.after.label,
+        gate=result,
+        service=service,
+        route=route,
+        confidence=result.confidence,
+        seed=seed,
+    )
+    write_html(path, render_report(report))
+
+
+def write_slow_html(path: str, store: Store, result: SlowFast, args: argparse.Namespace) -> None:
+    """``tracekit slow --html``: slow vs fast, the release's curve and its exemplars."""
+    from tracekit.render.html import render_report
+
+    report = slow_report(
+        store, result, service=getattr(args, "service", None), route=getattr(args, "route", None)
+    )
+    write_html(path, render_report(report))
+
+
+def write_autoscale_html(path: str, store: Store, result: AutoscaleResult) -> None:
+    """``tracekit autoscale --html``: the time line and the recommendation alone."""
+    from tracekit.render.html import Report, render_report
+
+    report = Report(
+        title=f"tracekit autoscale: {result.release}", source=str(store.path), autoscale=result
+    )
+    write_html(path, render_report(report))
 
 
 def waterfalls(
