@@ -121,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             from tracekit.commands.report import write_gate_html
 
-            write_gate_html(args.html, store, result, args)
+            write_gate_html(
+                args.html,
+                store,
+                result,
+                service=args.service or config.service,
+                route=args.route or config.route,
+                seed=args.seed,
+            )
     if args.junit:
         _write(args.junit, render_junit(result))
     if args.markdown:
