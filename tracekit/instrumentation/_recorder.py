@@ -19,6 +19,8 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from tracekit.instrumentation import _guard
@@ -27,6 +29,10 @@ MAX_BUFFERED = 65_536
 """Ended spans waiting to be built; past this they are dropped and counted."""
 DRAIN_INTERVAL_S = 0.05
 """How often the drainer builds what has ended, at most."""
+CHUNK = 256
+"""Spans built between looks at the exporters' queues."""
+MAX_PACE_S = 1.0
+"""The longest one drain waits for exporters' queues to make room."""
 
 
 class Buildable(Protocol):
@@ -42,6 +48,8 @@ class Recorder:
         self.capacity = capacity
         self.interval_s = interval_s
         self.dropped = 0
+        self.backlog: Callable[[], float] | None = None
+        """How full the exporters' queues are (0..1); set by ``configure()``."""
         self._reset()
 
     def _reset(self) -> None:
@@ -97,22 +105,34 @@ class Recorder:
             self.drain()
 
     def drain(self) -> int:
-        """Build every span ended so far, in end order; returns how many."""
+        """Build every span ended so far, in end order; returns how many.
+
+        Built spans go into the exporters' batch queues, which are much smaller than
+        this buffer; between chunks the drain waits (up to :data:`MAX_PACE_S`) for a
+        queue that is more than half full, so a burst — or the drain at shutdown —
+        is exported rather than dropped there.
+        """
         done = 0
+        deadline = 0.0
         with self._lock:
             queue = self._queue
             while queue:
-                try:
-                    span = queue.popleft()
-                except IndexError:  # pragma: no cover - emptied by another drainer
-                    break
-                try:
-                    span._build()
-                except Exception as exc:  # one bad span must not stop the others
-                    if self._error is None:
-                        self._error = exc
-                    _guard.logger.debug("tracekit: building a span failed: %r", exc)
-                done += 1
+                for _ in range(CHUNK):
+                    try:
+                        span = queue.popleft()
+                    except IndexError:
+                        break
+                    try:
+                        span._build()
+                    except Exception as exc:  # one bad span must not stop the others
+                        if self._error is None:
+                            self._error = exc
+                        _guard.logger.debug("tracekit: building a span failed: %r", exc)
+                    done += 1
+                if queue and self.backlog is not None and self.backlog() > 0.5:
+                    deadline = deadline or time.monotonic() + MAX_PACE_S
+                    while self.backlog() > 0.25 and time.monotonic() < deadline:
+                        time.sleep(0.002)  # lets the exporters' threads run
         return done
 
     def check(self) -> None:

@@ -398,9 +398,10 @@ class FastTracer(trace.Tracer):
             trace_id = psc.trace_id
             random_id = psc.trace_flags.random_trace_id
         result = t.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        flags = (_SAMPLED if result.decision.is_sampled() else 0) | (_RANDOM if random_id else 0)
+        decision: Any = result.decision
+        flags = (_SAMPLED if decision.is_sampled() else 0) | (_RANDOM if random_id else 0)
         span_id = t.id_generator.generate_span_id()
-        if not result.decision.is_recording():
+        if not decision.is_recording():
             return NonRecordingSpan(
                 SpanContext(trace_id, span_id, False, TraceFlags(flags), result.trace_state)
             )

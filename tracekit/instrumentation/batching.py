@@ -137,6 +137,8 @@ class Batch:
         ``cpu_time_ns`` is the CPU time of the thread that ran the batch, when one thread
         ran all of it: every member is charged the batch's execution, so every member's
         span carries it, which is what lets the analyzer tell hidden wait from compute.
+        ``gpu_sync`` is how device time was taken (``tracekit.gpu.sync``); without one the
+        spans say ``none``, so no ``model_execute`` span leaves it open.
         """
         if self._done:
             return
@@ -148,8 +150,8 @@ class Batch:
                 extra[c.CPU_TIME_NS] = cpu_time_ns
             if gpu_time_ns is not None:
                 extra[c.GPU_TIME_NS] = gpu_time_ns
-            if gpu_sync is not None:
-                extra[c.GPU_SYNC] = gpu_sync
+            # every model_execute span says how (or whether) device time was taken
+            extra[c.GPU_SYNC] = gpu_sync if gpu_sync is not None else c.SYNC_NONE
             for span in (self.span, *self.members):
                 if extra:
                     span.set_attributes(extra)
@@ -355,7 +357,7 @@ class DynamicBatcher(Generic[T, R]):
     ) -> None:
         error: BaseException | None = None
         results: list[R] = []
-        sink: list[tuple[int, str]] = []
+        sink: list[tuple[int | None, str]] = []
         cpu_box: list[int] = []
         try:
             batch = self.recorder.start([m.ticket for m in members], closed_at_ns=closed_ns)
@@ -401,10 +403,10 @@ class DynamicBatcher(Generic[T, R]):
             BATCH_SINK.reset(sink_token)
             slots.release()
         if batch is not None:
-            gpu = sum(ns for ns, _ in sink) if sink else None
+            device_ns = [ns for ns, _ in sink if ns is not None]
             batch.finish(
                 error,
-                gpu_time_ns=gpu,
+                gpu_time_ns=sum(device_ns) if device_ns else None,
                 gpu_sync=sink[-1][1] if sink else None,
                 cpu_time_ns=cpu_box[0] if cpu_box else None,
             )

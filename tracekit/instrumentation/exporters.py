@@ -295,6 +295,13 @@ class ExportPipeline(SpanProcessor):
         return self._counting.inner
 
     @property
+    def backlog(self) -> float:
+        """How full the batch queue is, 0..1 (0 when the SDK's queue cannot be seen)."""
+        if self._queue is None or not self._queue_max:
+            return 0.0
+        return float(len(self._queue) / self._queue_max)
+
+    @property
     def dropped(self) -> int:
         """Spans that did not reach the destination: failed exports plus queue overflow."""
         return self._counting.failed_spans + self.queue_dropped
@@ -323,7 +330,7 @@ class ExportPipeline(SpanProcessor):
         timer.daemon = True
         timer.start()
         try:
-            self._batch.shutdown()
+            self._batch.shutdown()  # type: ignore[no-untyped-call]
         finally:
             timer.cancel()
             self._counting.shutdown()

@@ -60,7 +60,7 @@ class _Retries:
 
     def _backoff_s(self, attempt: int) -> float:
         """Seconds to wait before resend number ``attempt`` (1, 2, …): doubling each time."""
-        return self.backoff_s * 2 ** (attempt - 1)
+        return float(self.backoff_s * 2 ** (attempt - 1))
 
 
 class _AsyncRetries(_Retries, httpx.AsyncBaseTransport):
@@ -69,7 +69,8 @@ class _AsyncRetries(_Retries, httpx.AsyncBaseTransport):
         while True:
             self._label(request, attempt)
             try:
-                return await self.inner.handle_async_request(request)
+                response: httpx.Response = await self.inner.handle_async_request(request)
+                return response
             except self.retry_on:
                 if not self._may_resend(request, attempt):
                     raise
@@ -87,7 +88,8 @@ class _SyncRetries(_Retries, httpx.BaseTransport):
         while True:
             self._label(request, attempt)
             try:
-                return self.inner.handle_request(request)
+                response: httpx.Response = self.inner.handle_request(request)
+                return response
             except self.retry_on:
                 if not self._may_resend(request, attempt):
                     raise

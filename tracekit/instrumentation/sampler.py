@@ -30,6 +30,9 @@ of ``tracekit.cpu.utilization``; set it to the pod's CPU request to match an HPA
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
+_ORIGIN = (time.monotonic(), time.process_time())
+"""When this module was imported (the service's start-up): the first window's start."""
+
 
 def parse_cpu_quantity(text: str, *, source: str = ENV_CPU_REQUEST) -> float:
     """Cores from a Kubernetes CPU quantity: ``"0.5"``, ``"2"`` or ``"500m"``."""
@@ -173,8 +176,23 @@ class ResourceSampler:
                 _guard.logger.warning("tracekit: resource sampler failed: %s", exc)
                 return
 
+    def first_reading(self) -> None:
+        """Utilisation since start-up, so requests before the first window closes carry one too.
+
+        Only with the real clocks (the window starts at this module's import); a sampler
+        with fake clocks waits for its first :meth:`sample`, as tests expect.
+        """
+        if self.cpu is not None:
+            return
+        if self._wall is time.monotonic and self._cpu_clock is time.process_time:
+            last, self._last = self._last, _ORIGIN
+            self.sample()
+            if self.cpu is None:  # no time passed at all: keep the window as it was
+                self._last = last
+
     def start(self) -> None:
         if self._thread is None:
+            self.first_reading()
             self._thread = threading.Thread(target=self._run, name="tracekit-sampler", daemon=True)
             self._thread.start()
 

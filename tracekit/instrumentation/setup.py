@@ -341,14 +341,13 @@ def configure(
         _STATE.provider, _STATE.key, _STATE.pipelines = provider, key, pipelines
         _STATE.metrics = metrics_setup
         _STATE.generation += 1
+        RECORDER.backlog = _export_backlog
         RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
         return provider
 
 
-def _start_metrics(
-    mode: str | None, port: int, attrs: dict[str, Any], endpoint: str | None
-) -> Any:
+def _start_metrics(mode: str | None, port: int, attrs: dict[str, Any], endpoint: str | None) -> Any:
     if mode is None:
         return None
     from tracekit.instrumentation.metrics import Metrics
@@ -368,6 +367,11 @@ def _install_global(set_global: bool) -> None:
             trace.set_tracer_provider(PROVIDER)
         else:
             _guard.logger.info("tracekit: a global TracerProvider is already set; leaving it")
+
+
+def _export_backlog() -> float:
+    """How full the fullest exporter queue is (0..1): the span recorder paces itself on it."""
+    return max((p.backlog for p in _STATE.pipelines), default=0.0)
 
 
 def current_provider() -> TracerProvider | None:
@@ -428,10 +432,10 @@ def use_stable_http_semconv() -> None:
 
     with _semconv_lock:
         if getattr(S, "_initialized", False) or ENV_SEMCONV_OPT_IN in os.environ:
-            S._initialize()
+            S._initialize()  # type: ignore[no-untyped-call]
             return
         os.environ[ENV_SEMCONV_OPT_IN] = "http"
         try:
-            S._initialize()
+            S._initialize()  # type: ignore[no-untyped-call]
         finally:
             del os.environ[ENV_SEMCONV_OPT_IN]

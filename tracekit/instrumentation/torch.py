@@ -44,10 +44,11 @@ SYNC_MODES = (c.SYNC_EVENT, c.SYNC_DEVICE, c.SYNC_NONE)
 _INSIDE: ContextVar[bool] = ContextVar("tracekit_inside_model", default=False)
 # open model_execution entries of this task/thread: (owner, state, previous link)
 _OPEN: ContextVar[tuple[Any, Any, Any] | None] = ContextVar("tracekit_open_models", default=None)
-BATCH_SINK: ContextVar[list[tuple[int, str]] | None] = ContextVar(
+BATCH_SINK: ContextVar[list[tuple[int | None, str]] | None] = ContextVar(
     "tracekit_batch_sink", default=None
 )
-"""Set by a batcher around ``run_batch``: device times measured inside are reported there."""
+"""Set by a batcher around ``run_batch``: each model call inside reports its device time
+(None when none was taken) and its ``tracekit.gpu.sync`` mode there."""
 
 
 class _Cuda:
@@ -67,7 +68,7 @@ class _Cuda:
     def event(self) -> Any:
         import torch
 
-        return torch.cuda.Event(enable_timing=True)
+        return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
     def synchronize(self) -> None:
         import torch
@@ -134,7 +135,7 @@ class ModelExecution:
             if gpu_ns is not None and span.is_recording():
                 span.set_attribute(c.GPU_TIME_NS, gpu_ns)
             sink = BATCH_SINK.get()
-            if sink is not None and gpu_ns is not None:
+            if sink is not None:  # the mode too when no device time was taken: "none" says so
                 sink.append((gpu_ns, mode))
         except Exception as err:
             _guard.report("model_execution end", err)
@@ -161,7 +162,8 @@ class ModelExecution:
                 mode = c.SYNC_NONE
         state = self._enter(mode)
         self._push(state)
-        return state[-1][0]
+        span: trace.Span = state[-1][0]
+        return span
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         state = self._pop()
@@ -191,7 +193,8 @@ class ModelExecution:
                 mode = c.SYNC_NONE
         state = self._enter(mode)
         self._push(state)
-        return state[-1][0]
+        span: trace.Span = state[-1][0]
+        return span
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         state = self._pop()
