@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "explain": "tracekit.commands.explain",
     "gate": "tracekit.commands.gate",
     "autoscale": "tracekit.commands.autoscale",
+    "steps": "tracekit.commands.steps",
     "report": "tracekit.commands.report",
     "collect": "tracekit.commands.collect",
     # The demo sits above the CLI (it runs the other commands in-process), so its

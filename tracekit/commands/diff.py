@@ -49,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare.diff import diff_releases
 
     with open_analysis_store(args, releases=(args.before, args.after)) as store:
+        if _training(store, args.before, args.after):
+            from tracekit.analysis.training.diff import diff_runs
+            from tracekit.render.training import DIFF_RENDERERS
+
+            emit(diff_runs(store, args.before, args.after), args.format, DIFF_RENDERERS)
+            return 0
         result = diff_releases(
             store,
             args.before,
@@ -60,3 +66,11 @@ def run(args: argparse.Namespace) -> int:
         )
     emit(result, args.format)
     return 0
+
+
+def _training(store: Any, before: str, after: str) -> bool:
+    """Both labels are training runs (train_step traces): the scaling diff applies."""
+    from tracekit.analysis.training.steps import training_runs
+
+    runs = training_runs(store)
+    return before in runs and after in runs

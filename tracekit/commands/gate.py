@@ -27,7 +27,9 @@ straddles it, or too few requests lie beyond the quantile to estimate it).
 Without budgets: p95 <= +10% and p99 <= +10%.
 
 Budgets: [stage.NAME.]pNN OP VALUE, OP one of < <=, VALUE absolute (200ms, 0.2s,
-150us), a change in ms (+5ms) or relative (+10%).
+150us), a change in ms (+5ms) or relative (+10%). On training runs (train_step
+traces): samples_per_s, step_ms.p50|p95|mean or efficiency, e.g. 'samples_per_s>=-10%'
+(default) or 'step_ms.p95<=120ms'.
 
 Exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage or input error.
 
@@ -102,11 +104,15 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.render.gate import render_junit, render_markdown
 
     config = load_config(args.config) if args.config else GateConfig()
-    budgets = parse_budgets(args.budget) if args.budget else config.budgets
+    # training budgets (samples_per_s, step_ms…) are parsed by the training gate
+    training_budgets = bool(args.budget) and all(_is_training_budget(b) for b in args.budget)
+    budgets = parse_budgets(args.budget) if args.budget and not training_budgets else config.budgets
     # Flags beat the config file, which beats the defaults.
     confidence = args.confidence or config.confidence or DEFAULT_CONFIDENCE
     min_effect = args.min_effect if args.min_effect is not None else config.min_effect_ms or 0.0
     with open_analysis_store(args, releases=(args.before, args.after)) as store:
+        if _training(store, args.before, args.after):
+            return _training_gate(store, args, confidence)
         result = run_gate(
             store,
             args.before,
@@ -134,4 +140,31 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         _write(args.markdown, render_markdown(result))
     emit(result, args.format)
+    return result.exit_code
+
+
+def _is_training_budget(text: str) -> bool:
+    from tracekit.analysis.training.gate import METRICS
+
+    return text.strip().startswith(METRICS)
+
+
+def _training(store: Any, before: str, after: str) -> bool:
+    from tracekit.analysis.training.steps import training_runs
+
+    runs = training_runs(store)
+    return before in runs and after in runs
+
+
+def _training_gate(store: Any, args: argparse.Namespace, confidence: float) -> int:
+    """Training runs: budgets on samples/s, step time or efficiency (docs/training.md)."""
+    from tracekit.analysis.training.gate import gate_runs
+    from tracekit.render.training import GATE_RENDERERS
+
+    result = gate_runs(
+        store, args.before, args.after, args.budget, confidence=confidence, seed=args.seed
+    )
+    if args.markdown:
+        _write(args.markdown, GATE_RENDERERS["markdown"](result))
+    emit(result, args.format, GATE_RENDERERS)
     return result.exit_code

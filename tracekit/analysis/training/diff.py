@@ -160,6 +160,10 @@ def _verdict(
             [],
             shares,
         )
+    # the components' own shares can pass 100% when others shrank: state the verdict as
+    # a share of the growth, the positive part
+    grown = sum(v for v in shares.values() if v > 0)
+    shares = {k: v / grown for k, v in shares.items()}
     top = max(shares, key=lambda k: shares[k])
     ranks: list[int] = []
     detail = ""
@@ -172,7 +176,7 @@ def _verdict(
             f"{lead.mean_lag_ms:.1f} ms after the others"
         )
     summary = (
-        f"{head}: {gain}. {shares[top]:.0%} of the lost step time is {top.replace('_', ' ')}"
+        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the step-time growth"
         f"{detail} — {FIXES[top]}."
     )
     return TrainingVerdict(top, summary, FIXES[top], ranks, shares)

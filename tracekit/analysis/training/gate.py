@@ -1,0 +1,168 @@
+"""``tracekit gate`` on training runs: budgets on samples/s, step time or efficiency.
+
+A budget is ``METRIC OP VALUE``: METRIC one of ``samples_per_s``, ``step_ms.p50``,
+``step_ms.p95``, ``step_ms.mean``, ``efficiency``; OP ``<``, ``<=``, ``>``, ``>=``;
+VALUE absolute (``1200``, ``45ms``, ``0.8``) or, for samples/s and step time, relative
+to the before run (``-10%``, ``+5%``). Relative samples/s is against the before run
+scaled to the after run's world size (ideal scaling), so ``samples_per_s>=-10%`` on two
+runs of different sizes reads "at least 90% scaling efficiency".
+
+Each statistic gets a bootstrap interval over steps (both runs resampled); a budget
+passes when the whole interval is within it, fails when the whole interval is beyond,
+and is inconclusive otherwise — or when a run has fewer than :data:`MIN_STEPS` steps.
+Exit codes are the gate's: 0 pass, 1 fail, 3 inconclusive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracekit.analysis.store import Store
+from tracekit.analysis.training.model import RunSteps
+from tracekit.analysis.training.steps import load_run
+from tracekit.errors import ConfigError
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+"""Outcomes, spelled as the request gate spells them (a sibling layer: not imported)."""
+MIN_STEPS = 5
+DEFAULT_BUDGETS = ("samples_per_s>=-10%",)
+METRICS = ("samples_per_s", "step_ms.p50", "step_ms.p95", "step_ms.mean", "efficiency")
+_BUDGET = re.compile(
+    r"^\s*(?P<metric>[a-z_.0-9]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[+-]?[0-9.]+)\s*(?P<unit>%|ms|s)?\s*$"
+)
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
+
+@dataclass(frozen=True)
+class TrainingBudget:
+    text: str
+    metric: str
+    op: str
+    value: float
+    relative: bool
+
+
+@dataclass
+class TrainingCheck:
+    budget: str
+    metric: str
+    result: str
+    observed: float | None
+    """The after run's statistic (relative budgets: the change as a fraction)."""
+    ci_low: float | None
+    ci_high: float | None
+    limit: float
+    message: str
+
+
+@dataclass
+class TrainingGateResult:
+    before: str
+    after: str
+    result: str
+    exit_code: int
+    checks: list[TrainingCheck] = field(default_factory=list)
+    kind: str = "training"
+
+
+def parse_budget(text: str) -> TrainingBudget:
+    m = _BUDGET.match(text)
+    if not m or m["metric"] not in METRICS:
+        raise ConfigError(
+            f"training budget {text!r}: write METRIC OP VALUE with METRIC one of "
+            f"{', '.join(METRICS)}, e.g. 'samples_per_s>=-10%' or 'step_ms.p95<=120ms'"
+        )
+    value = float(m["value"])
+    unit = m["unit"]
+    relative = unit == "%"
+    if relative and m["metric"] == "efficiency":
+        raise ConfigError(f"training budget {text!r}: efficiency is a fraction, e.g. >=0.8")
+    if unit == "s":
+        value *= 1000.0
+    return TrainingBudget(
+        text.strip(), m["metric"], m["op"], value / 100 if relative else value, relative
+    )
+
+
+def _stat(metric: str, steps: np.ndarray, samples: np.ndarray) -> float:
+    if metric == "samples_per_s" or metric == "efficiency":
+        return float(samples.sum() / (steps.sum() / 1000.0))
+    q = {"step_ms.p50": 0.5, "step_ms.p95": 0.95}.get(metric)
+    return float(np.quantile(steps, q)) if q is not None else float(steps.mean())
+
+
+def _holds(op: str, x: float, limit: float) -> bool:
+    return {"<": x < limit, "<=": x <= limit, ">": x > limit, ">=": x >= limit}[op]
+
+
+def check(
+    b: RunSteps, a: RunSteps, budget: TrainingBudget, *, confidence: float = 0.95, seed: int = 0
+) -> TrainingCheck:
+    """One budget against the after run, with a bootstrap interval over steps."""
+    ratio = a.world_size / b.world_size
+    per_rank = 1.0
+    if a.samples_per_rank_step and b.samples_per_rank_step:
+        per_rank = a.samples_per_rank_step / b.samples_per_rank_step
+    bs, ba = np.asarray(b.step_times_ms), np.asarray(a.step_times_ms)
+    ns_b = np.nan_to_num(np.asarray(b.samples_per_step), nan=b.world_size)
+    ns_a = np.nan_to_num(np.asarray(a.samples_per_step), nan=a.world_size)
+    throughput = budget.metric in ("samples_per_s", "efficiency")
+
+    def value(sb: np.ndarray, nb: np.ndarray, sa: np.ndarray, na: np.ndarray) -> float:
+        after = _stat(budget.metric, sa, na)
+        if budget.metric == "efficiency":
+            return after / (_stat(budget.metric, sb, nb) * ratio)
+        if not budget.relative:
+            return after
+        before = _stat(budget.metric, sb, nb) * (ratio if throughput else per_rank)
+        return after / before - 1.0
+
+    if len(bs) < MIN_STEPS or len(ba) < MIN_STEPS:
+        return TrainingCheck(
+            budget.text, budget.metric, INCONCLUSIVE, None, None, None, budget.value,
+            f"{budget.text}: inconclusive — fewer than {MIN_STEPS} steps in a run",
+        )  # fmt: skip
+    observed = value(bs, ns_b, ba, ns_a)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(1000):
+        ib, ia = rng.integers(0, len(bs), len(bs)), rng.integers(0, len(ba), len(ba))
+        draws.append(value(bs[ib], ns_b[ib], ba[ia], ns_a[ia]))
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.quantile(draws, [alpha, 1 - alpha]))
+    inside = _holds(budget.op, lo, budget.value) and _holds(budget.op, hi, budget.value)
+    beyond = not _holds(budget.op, lo, budget.value) and not _holds(budget.op, hi, budget.value)
+    result = PASS if inside else FAIL if beyond else INCONCLUSIVE
+    fmt: Callable[[float], str] = (
+        (lambda x: f"{x:+.1%}") if budget.relative else (lambda x: f"{x:,.3g}")
+    )
+    message = (
+        f"{budget.text}: {result} — {budget.metric} {fmt(observed)} "
+        f"({confidence:.0%} interval {fmt(lo)} … {fmt(hi)})"
+    )
+    return TrainingCheck(
+        budget.text, budget.metric, result, observed, lo, hi, budget.value, message
+    )
+
+
+def gate_runs(
+    store: Store,
+    before: str,
+    after: str,
+    budgets: list[str] | None = None,
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    warmup: int = 1,
+) -> TrainingGateResult:
+    """Check the after run against ``budgets`` (default: :data:`DEFAULT_BUDGETS`)."""
+    parsed = [parse_budget(t) for t in (budgets or DEFAULT_BUDGETS)]
+    b, a = load_run(store, before, warmup=warmup), load_run(store, after, warmup=warmup)
+    checks = [check(b, a, p, confidence=confidence, seed=seed) for p in parsed]
+    results = {c.result for c in checks}
+    overall = FAIL if FAIL in results else INCONCLUSIVE if INCONCLUSIVE in results else PASS
+    return TrainingGateResult(before, after, str(overall), EXIT_CODES[overall], checks)

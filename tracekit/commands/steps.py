@@ -1,0 +1,57 @@
+"""`tracekit steps`: where a training run's step time goes, per component and per rank."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tracekit.commands._common import add_command, add_db, add_format, emit
+
+DESCRIPTION = """\
+Break each training run's step time into data_wait, forward, backward, optimizer,
+compute imbalance, exposed communication (peer wait vs transfer) and unattributed time,
+with step-time quantiles, samples/s, communication overlap, a per-rank table and the
+ranks that arrived last at collectives (stragglers). A run is a service.version of
+processes instrumented with tracekit.train_steps.
+
+Example:
+  tracekit ingest runs/64gpu/            # one file per rank
+  tracekit steps --version 64gpu
+  tracekit steps --format json > steps.json
+"""
+
+
+def register(sub: Any) -> None:
+    parser = add_command(
+        sub,
+        "steps",
+        help="where training step time goes: data, compute, communication",
+        description=DESCRIPTION,
+    )
+    parser.add_argument(
+        "--version", default=None, metavar="RUN", help="only this run (default: every training run)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="N",
+        help="leading steps to leave out (DDP builds its buckets in the first)",
+    )
+    add_format(parser)
+    add_db(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracekit.analysis.store import open_store
+    from tracekit.analysis.training.steps import steps_report
+    from tracekit.errors import ConfigError
+    from tracekit.render.training import STEPS_RENDERERS
+
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more, got {args.warmup}")
+    with open_store(args.db, read_only=True) as store:
+        result = steps_report(store, args.version, warmup=args.warmup)
+    emit(result, args.format, STEPS_RENDERERS)
+    return 0

@@ -1,0 +1,183 @@
+"""Renderers of the training analysis: ``steps``, the training ``diff`` and ``gate``.
+
+Each takes a dataclass of :mod:`tracekit.analysis.training.model` (or the gate's
+result) and returns text; nothing here queries. The JSON keys are the issue's
+(documented in docs/training.md); per-step series used by the diff are left out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from tracekit.analysis.training.gate import TrainingGateResult
+from tracekit.analysis.training.model import RankRow, RunSteps, StepsResult, TrainingDiff
+from tracekit.render.common import _jsonable, markdown_table, ms, pct
+
+_SERIES = ("step_times_ms", "component_steps_ms", "samples_per_step")
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:,.{digits}f}"
+
+
+def _rank_json(r: RankRow) -> dict[str, Any]:
+    out: dict[str, Any] = _jsonable(r)
+    return {k: v for k, v in out.items() if v is not None or not k.startswith(("gpu_", "comm_o"))}
+
+
+def run_json(run: RunSteps) -> dict[str, Any]:
+    out: dict[str, Any] = _jsonable(run)
+    for k in _SERIES:
+        out.pop(k, None)
+    out["ranks"] = [_rank_json(r) for r in run.ranks]
+    return out
+
+
+def steps_json(result: StepsResult) -> str:
+    doc = {
+        "runs": [run_json(r) for r in result.runs],
+        "flags": _jsonable([*result.flags, *(f for r in result.runs for f in r.flags)]),
+    }
+    return json.dumps(doc, indent=2)
+
+
+def _run_lines(run: RunSteps, md: bool) -> list[str]:
+    head = (
+        f"run {run.label}: {run.world_size} ranks, {run.steps} steps"
+        + (f" (first {run.warmup_steps} skipped as warm-up)" if run.warmup_steps else "")
+        + f" — step p50 {ms(run.step_ms.p50)}, p95 {ms(run.step_ms.p95)}, "
+        f"{_num(run.samples_per_s)} samples/s, communication overlap {pct(_frac(run.overlap_pct))}"
+    )
+    if run.clock_offset_ms:
+        head += f", clocks aligned by up to {run.clock_offset_ms:.2f} ms"
+    comp_rows = [[c.name, ms(c.mean_ms, 2), pct(c.share)] for c in run.components]
+    rank_rows = [
+        [
+            r.rank,
+            r.host or "–",
+            ms(r.step_ms_p50),
+            ms(r.data_wait_ms),
+            ms(r.compute_ms),
+            ms(r.comm_exposed_ms),
+            ms(r.peer_wait_ms),
+            r.last_arrivals,
+        ]
+        for r in run.ranks
+    ]
+    lines = [("### " if md else "") + head, ""]
+    lines += _table(["component", "mean per step", "share"], comp_rows, md)
+    lines.append("")
+    lines += _table(
+        ["rank", "host", "step p50", "data wait", "compute", "comm exposed", "peer wait", "last"],
+        rank_rows,
+        md,
+    )
+    if run.stragglers and run.world_size > 1:
+        lines.append("")
+        lines.append(
+            "stragglers (arrived last at a collective): "
+            + "; ".join(
+                f"rank {s.rank} {s.last_arrivals}× ({s.share:.0%}), {s.mean_lag_ms:.1f} ms late"
+                for s in run.stragglers
+            )
+        )
+    return lines
+
+
+def _frac(v: float | None) -> float | None:
+    return None if v is None else v / 100.0
+
+
+def _table(headers: list[str], rows: list[list[Any]], md: bool) -> list[str]:
+    if md:
+        return markdown_table(headers, rows).splitlines()
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers), *(fmt.format(*map(str, r)) for r in rows)]
+
+
+def steps_text(result: StepsResult, md: bool = False) -> str:
+    lines: list[str] = []
+    for run in result.runs:
+        lines += _run_lines(run, md)
+        lines.append("")
+    for f in [*result.flags, *(f for r in result.runs for f in r.flags)]:
+        lines.append(f"note [{f.code}]: {f.message}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+STEPS_RENDERERS: dict[str, Callable[[StepsResult], str]] = {
+    "table": steps_text,
+    "json": steps_json,
+    "markdown": lambda r: steps_text(r, md=True),
+}
+
+
+# --- diff -------------------------------------------------------------------------------
+
+
+def diff_json(d: TrainingDiff) -> str:
+    doc: dict[str, Any] = _jsonable(d)
+    return json.dumps(doc, indent=2)
+
+
+def diff_text(d: TrainingDiff, md: bool = False) -> str:
+    s = d.scaling
+    lines = [
+        ("### " if md else "") + f"training diff {d.before.label} ({d.before.world_size} ranks) → "
+        f"{d.after.label} ({d.after.world_size} ranks)",
+        "",
+        f"samples/s {_num(d.before.samples_per_s)} → {_num(d.after.samples_per_s)}: "
+        f"speed-up {_num(s.speedup, 2)}× of an ideal {_num(s.ideal, 2)}×, "
+        f"scaling efficiency {pct(s.efficiency)}",
+        f"mean step {ms(d.ideal_step_ms)} under ideal scaling",
+        "",
+    ]
+    rows = [
+        [c.name, ms(c.before_ms, 2), ms(c.after_ms, 2), f"{c.delta_ms:+.2f} ms", pct(c.share)]
+        for c in d.components
+    ]
+    lines += _table(["component", "before", "after", "delta", "share of loss"], rows, md)
+    lines += ["", f"verdict: {d.verdict.bottleneck}", d.verdict.summary]
+    for f in d.flags:
+        lines.append(f"note [{f.code}]: {f.message}")
+    return "\n".join(lines) + "\n"
+
+
+DIFF_RENDERERS: dict[str, Callable[[TrainingDiff], str]] = {
+    "table": diff_text,
+    "json": diff_json,
+    "markdown": lambda d: diff_text(d, md=True),
+}
+
+
+# --- gate -------------------------------------------------------------------------------
+
+
+def gate_json(g: TrainingGateResult) -> str:
+    doc: dict[str, Any] = _jsonable(g)
+    return json.dumps(doc, indent=2)
+
+
+def gate_text(g: TrainingGateResult, md: bool = False) -> str:
+    lines = [
+        ("### " if md else "")
+        + f"training gate {g.before} → {g.after}: {g.result.upper()} (exit {g.exit_code})",
+        "",
+    ]
+    rows = [
+        [c.budget, c.result, _num(c.observed, 3), f"[{_num(c.ci_low, 3)}, {_num(c.ci_high, 3)}]"]
+        for c in g.checks
+    ]
+    lines += _table(["budget", "result", "observed", "interval"], rows, md)
+    lines += [""] + [c.message for c in g.checks]
+    return "\n".join(lines) + "\n"
+
+
+GATE_RENDERERS: dict[str, Callable[[TrainingGateResult], str]] = {
+    "table": gate_text,
+    "json": gate_json,
+    "markdown": lambda g: gate_text(g, md=True),
+}
