@@ -8,6 +8,7 @@ No other module spells these strings: import them from here.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 # --- OpenTelemetry semantic conventions (resource) -------------------------------
@@ -100,11 +101,24 @@ STAGES: Final = (FEATURE_RETRIEVAL, PREPROCESS, BATCH_QUEUE, MODEL_EXECUTE, POST
 """The built-in stages in request order; users may add their own names."""
 
 # --- time kinds -------------------------------------------------------------------
-WAIT: Final = "wait"
+
+
+class TimeKind(StrEnum):
+    """What kind of time a stage is; a ``str``, so it is written and compared as one."""
+
+    WAIT = "wait"
+    """Time spent waiting on something else (I/O, a queue, another service)."""
+    COMPUTE = "compute"
+    """Time spent computing on this process's CPU or its device."""
+    HIDDEN_WAIT = "hidden_wait"
+    """Analysis only: a compute stage whose wall time grew while its CPU/GPU time did not."""
+
+
+WAIT: Final = TimeKind.WAIT
 """Time spent waiting on something else (I/O, a queue, another service)."""
-COMPUTE: Final = "compute"
+COMPUTE: Final = TimeKind.COMPUTE
 """Time spent computing on this process's CPU or its device."""
-HIDDEN_WAIT: Final = "hidden_wait"
+HIDDEN_WAIT: Final = TimeKind.HIDDEN_WAIT
 """Analysis only: a compute stage whose wall time grew while its CPU/GPU time did not."""
 TIME_KINDS: Final = (WAIT, COMPUTE)
 """Values ``tracekit.time_kind`` may take on a span."""
@@ -148,6 +162,56 @@ def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ..
     others = sorted(s for s in names if s not in STAGES and s != UNATTRIBUTED)
     tail = [UNATTRIBUTED] if UNATTRIBUTED in names else []
     return tuple(builtin + others + tail)
+
+
+# --- training steps (DESIGN.md, "Training steps") ----------------------------------
+RANK: Final = "tracekit.rank"
+"""This process's rank in the training job (resource; also written on each step span)."""
+WORLD_SIZE: Final = "tracekit.world_size"
+"""Number of ranks in the training job (resource; also on each step span)."""
+LOCAL_RANK: Final = "tracekit.local_rank"
+"""This process's rank on its host (resource; also on each step span)."""
+STEP: Final = "tracekit.step"
+"""Step span: step index, the same on every rank."""
+STEP_SAMPLES: Final = "tracekit.step.samples"
+"""Step span: samples this rank processed in the step."""
+STEP_TOKENS: Final = "tracekit.step.tokens"
+"""Step span: tokens this rank processed in the step."""
+COMM_OP: Final = "tracekit.comm.op"
+"""Communication span: the collective (``all_reduce``, ``all_gather``…)."""
+COMM_BYTES: Final = "tracekit.comm.bytes"
+"""Communication span: payload bytes of the collective (or DDP bucket)."""
+COMM_GROUP: Final = "tracekit.comm.group"
+"""Communication span: the process group the collective ran in."""
+COMM_SEQ: Final = "tracekit.comm.seq"
+"""Communication span: collective number within its group, equal on every rank."""
+COMM_ASYNC: Final = "tracekit.comm.async"
+"""Communication span: launched in the background while its stage kept computing (a DDP
+bucket); only its part after the stage's last launch can be exposed."""
+COMM_BACKEND: Final = "tracekit.comm.backend"
+"""Communication span: ``nccl``, ``gloo``…; says whether the span is device or host time."""
+
+STEP_SPAN_NAME: Final = "train_step"
+"""Name of the root span of one training step on one rank."""
+COMM_SPAN_NAME: Final = "tracekit.comm"
+"""Name prefix of communication spans (``tracekit.comm all_reduce``)."""
+
+DATA_WAIT: Final = "data_wait"
+"""Training: blocked on the data loader for the step's batch."""
+FORWARD: Final = "forward"
+"""Training: the forward pass."""
+BACKWARD: Final = "backward"
+"""Training: the backward pass (DDP buckets launch under it)."""
+OPTIMIZER: Final = "optimizer"
+"""Training: the optimizer step and zeroing gradients."""
+COMMUNICATION: Final = "communication"
+"""Training: a collective; on the critical path only where exposed."""
+
+TRAINING_STAGES: Final = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COMMUNICATION)
+"""The built-in training stages in step order."""
+DEFAULT_TIME_KIND.update(
+    {DATA_WAIT: WAIT, FORWARD: COMPUTE, BACKWARD: COMPUTE, OPTIMIZER: COMPUTE, COMMUNICATION: WAIT}
+)
 
 # --- metrics the instrumentation exports (configure(metrics=...)) ------------------
 METRIC_HTTP_SERVER_DURATION: Final = "http.server.request.duration"
