@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tracekit.commands._common import add_command, add_db
+from tracekit.commands._common import (
+    add_command,
+    add_confidence,
+    add_filters,
+    add_releases,
+    add_store,
+    duration_type,
+    open_analysis_store,
+    slo_type,
+)
 
 if TYPE_CHECKING:
     from tracekit.analysis.autoscale.audit import AutoscaleResult
@@ -48,18 +57,21 @@ def register(sub: Any) -> None:
         help="a self-contained HTML report of a release diff",
         description=DESCRIPTION,
     )
-    parser.add_argument("--before", required=True, metavar="V1", help="baseline release label")
-    parser.add_argument("--after", required=True, metavar="V2", help="candidate release label")
+    add_releases(parser)
     parser.add_argument(
         "-o", "--output", default="report.html", metavar="FILE", help="where to write the page"
     )
     parser.add_argument(
         "--slo",
         default=None,
+        type=slo_type,
         help='latency objective per window, e.g. "p95<60ms": adds the autoscaling time line',
     )
     parser.add_argument(
-        "--window", type=float, default=30.0, metavar="S", help="autoscaling window, seconds"
+        "--window",
+        default="30s",
+        type=duration_type(),
+        help="autoscaling window (30s, 1m; a bare number is seconds)",
     )
     parser.add_argument(
         "--budget",
@@ -71,9 +83,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for trace links"
     )
-    parser.add_argument("--service", default=None, help="only requests entering this service")
-    parser.add_argument("--route", default=None, help="only this route (http.route or span name)")
-    add_db(parser)
+    add_filters(parser)
+    add_confidence(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
@@ -266,27 +278,23 @@ def slow_report(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.autoscale.model import parse_slo
-    from tracekit.analysis.store import open_store
-    from tracekit.errors import ConfigError
     from tracekit.render.html import render_report
 
-    slo = parse_slo(args.slo) if args.slo else None
-    if args.window <= 0:
-        raise ConfigError(f"--window must be a positive number of seconds, got {args.window:g}")
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=(args.before, args.after)) as store:
         report = gather_report(
             store,
             args.before,
             args.after,
             budgets=args.budget,
-            slo=slo,
+            slo=args.slo,
             window_s=args.window,
             jaeger_url=args.jaeger_url,
             service=args.service,
             route=args.route,
+            confidence=args.confidence,
         )
     out = write_html(args.output, render_report(report))
     size = out.stat().st_size / 1e6
-    print(f"wrote {out} ({size:.1f} MB): {report.diff.verdict.summary if report.diff else ''}")
+    verdict = report.diff.verdict.summary if report.diff else ""
+    print(f"wrote {out} ({size:.1f} MB): {verdict}")
     return 0
