@@ -212,15 +212,17 @@ def check_table(client: Any, url: StoreURL) -> None:
             "pass --table NAME, or fill it with `tracekit ingest FILES --store URL`"
         )
     types = {str(name): str(typ) for name, typ in rows}
-    wrong = []
-    for column, pattern in REQUIRED_COLUMNS.items():
-        found = types.get(column)
-        if found is None:
-            wrong.append(f"{column} missing")
-        elif not re.fullmatch(pattern, found):
-            wrong.append(f"{column} is {found}")
+    wrong = [
+        f"{c} is {types[c]}"
+        for c, pattern in REQUIRED_COLUMNS.items()
+        if c in types and not re.fullmatch(pattern, types[c])
+    ]
+    missing = [c for c in REQUIRED_COLUMNS if c not in types]
+    if missing:
+        more = f", … ({len(missing)} in all)" if len(missing) > 4 else ""
+        wrong.append(f"no {', '.join(missing[:4])}{more}")
     if wrong:
-        shown = "; ".join(wrong[:4]) + ("; …" if len(wrong) > 4 else "")
+        shown = "; ".join(wrong)
         raise QueryError(
             f"{url.database}.{url.table} in {url.display()} is not the OpenTelemetry Collector "
             f"ClickHouse exporter's traces table ({shown})"
