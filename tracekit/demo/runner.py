@@ -303,7 +303,8 @@ def run_demo(options: DemoOptions) -> int:
                 for label, name in ((BEFORE, ""), (AFTER, regression.name))
             ]
             analysed = time.monotonic()
-            report(db, runs, regression, console, options.duration_s)
+            html = None if temporary else workdir / "report.html"
+            report(db, runs, regression, console, options.duration_s, html=html)
             console.print(
                 f"[dim]run time {time.monotonic() - began:.0f} s: "
                 + ", ".join(f"{r.label} {r.seconds:.0f} s" for r in runs)
@@ -323,8 +324,11 @@ def report(
     regression: Regression,
     console: Console,
     duration_s: float,
+    *,
+    html: Path | None = None,
 ) -> None:
-    """Ingest both releases and print summary, diff, gate and autoscale, then the check."""
+    """Ingest both releases and print summary, diff, gate and autoscale, then the check;
+    with ``html``, also write the HTML report there and print its path."""
     files = [f for run in runs for f in run.trace_files]
     with console.status("ingesting traces…"):
         code = ingest(db, files)
@@ -342,6 +346,12 @@ def report(
         f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
     )
     tracekit_cli(autoscale_argv(db, [BEFORE, AFTER], slo, window_for(duration_s)))
+    if html is not None:
+        _heading(f"tracekit report --before {BEFORE} --after {AFTER} -o {html}")
+        tracekit_cli(
+            ["report", "--before", BEFORE, "--after", AFTER, "--slo", f"p95<{slo}ms"]
+            + ["--window", window_for(duration_s), "--db", str(db), "-o", str(html)]
+        )
     _heading("result")
     verdict = diff_verdict(db)
     stage, kind = verdict.get("primary_stage"), verdict.get("kind")
