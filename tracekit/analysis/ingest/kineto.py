@@ -22,6 +22,7 @@ import bisect
 import hashlib
 import importlib.resources
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,17 @@ _KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 def is_kineto(path: Path, gz: bool) -> bool:
     """A Chrome-trace JSON object that starts like Kineto's (first key)."""
     try:
-        with detect.open_text(path, gz) as fh:
-            head = fh.read(512)
-    except (OSError, EOFError):
+        with path.open("rb") as fh:
+            raw = fh.read(4096)
+    except OSError:
         return False
+    if gz:
+        # A partial decompress: a truncated file is still recognised (and then reported).
+        try:
+            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, 512)
+        except zlib.error:
+            return False
+    head = raw[:512].decode("utf-8", errors="replace").lstrip("\ufeff")
     return bool(_HEAD.match(head))
 
 
@@ -110,7 +118,7 @@ def read_kineto(
             skipped=1,
         )
         return None
-    except (OSError, EOFError) as exc:  # a gzip stream cut short
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or damaged
         origin.log.add(
             origin.display,
             f"cannot decompress ({exc}); truncated? file skipped, nothing from it stored",

@@ -1,0 +1,204 @@
+"""Kineto rank files into step spans and GPU figures, on small profiles built here."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.analysis.attribution import per_request
+from tracekit.analysis.ingest import ingest_paths
+from tracekit.analysis.ingest import kineto_stream as ks
+from tracekit.analysis.ingest import kineto_timeline as tl
+from tracekit.analysis.store import open_store
+from tracekit.analysis.training.gpu import rank_gpu_breakdown
+from tracekit.cli import main
+
+from .builder import BASE_NS, Profile
+
+COMM = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def three_steps(rank: int | None = 0, comm: str = COMM) -> Profile:
+    """Three 1 ms steps: data 0-100, forward 100-400, backward 400-800, optimizer 800-950 µs.
+
+    Per step on the device: compute 150-350 and 700-800, a collective launched at 500
+    (in backward) running 600-900: window 750, busy 500, compute 300, comm 300, overlap 100.
+    """
+    p = Profile(rank=rank)
+    for i in range(3):
+        t = 1000.0 * i
+        p.cpu(f"ProfilerStep#{i + 1}", t, 1000)
+        p.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 100)
+        p.cpu("## forward ##", t + 100, 300)
+        p.cpu("## backward ##", t + 400, 400)
+        p.cpu("Optimizer.step#SGD.step", t + 800, 150)
+        p.cpu("record_param_comms", t + 499, 3, cat="cpu_op", **{
+            "Collective name": "allreduce", "In msg nelems": 1000, "dtype": "Float",
+            "Process Group Name": "0", "Process Group Description": "default_pg"})  # fmt: skip
+        p.kernel("void gemm_kernel<float>()", t + 120, t + 150, 200)
+        p.kernel(comm, t + 500, t + 600, 300, stream=20)
+        p.kernel("void relu_kernel()", t + 650, t + 700, 100)
+    return p
+
+
+def test_steps_become_train_step_traces_with_stages_and_collectives(store, tmp_path):
+    f = three_steps().write(tmp_path / "rank0.json")
+    report = ingest_paths(store, [f], version="run1")
+    assert report.skipped == 0
+    per_request.refresh(store, report.trace_ids)
+    roots = store.run(
+        "SELECT json_extract(attributes, '$.\"tracekit.step\"')::INT, end_ns - start_ns "
+        "FROM spans WHERE name = $n ORDER BY 1",
+        {"n": cv.STEP_SPAN_NAME},
+    )
+    assert roots == [(1, 1_000_000), (2, 1_000_000), (3, 1_000_000)]
+    assert store.run("SELECT count(*), min(release) FROM requests") == [(3, "run1")]
+    stages = dict(store.run("SELECT stage, count(*) FROM spans GROUP BY 1"))
+    assert stages == {
+        None: 3, cv.DATA_WAIT: 3, cv.FORWARD: 3, cv.BACKWARD: 3, cv.OPTIMIZER: 3,
+        cv.COMMUNICATION: 3,
+    }  # fmt: skip
+    comm = store.run(
+        "SELECT c.start_ns - r.start_ns, c.end_ns - r.start_ns, p.stage, c.gpu_time_ns, "
+        "c.attributes->>'$.\"tracekit.comm.op\"', c.attributes->>'$.\"tracekit.comm.bytes\"', "
+        "c.attributes->>'$.\"tracekit.comm.group\"', c.attributes->>'$.\"tracekit.comm.seq\"' "
+        "FROM spans c JOIN spans p ON p.span_id = c.parent_span_id AND p.trace_id = c.trace_id "
+        "JOIN spans r ON r.trace_id = c.trace_id AND r.parent_span_id IS NULL "
+        "WHERE c.stage = 'communication' ORDER BY 8"
+    )
+    # launched at 500 µs under backward; kept inside backward (ends 800), device time whole
+    assert comm == [
+        (500_000, 800_000, cv.BACKWARD, 300_000, "all_reduce", "4000", "default", str(seq))
+        for seq in range(3)
+    ]
+
+
+def test_gpu_figures_follow_hta_definitions(store, tmp_path):
+    ingest_paths(store, [three_steps().write(tmp_path / "r.json")], version="run1")
+    steps = store.run(
+        "SELECT step, window_ns, busy_ns, idle_ns, compute_ns, non_compute_ns, comm_ns, "
+        "overlap_ns, exposed_comm_ns FROM kineto_gpu ORDER BY step"
+    )
+    per_step = (750_000, 500_000, 250_000, 300_000, 200_000, 300_000, 100_000, 200_000)
+    assert [s[1:] for s in steps[1:]] == [per_step] * 3
+    # whole rank: HTA's window leaves out ops launched in the last step
+    assert steps[0][:3] == (-1, 1_750_000, 1_000_000)
+    gpu = rank_gpu_breakdown(store, "run1")[0]
+    assert gpu.gpu_idle_pct == pytest.approx(100 * 750 / 1750)
+    assert gpu.gpu_compute_pct == pytest.approx(100 * 600 / 1750)
+    assert gpu.gpu_non_compute_pct == pytest.approx(100 * 400 / 1750)
+    assert gpu.comm_overlap_pct == pytest.approx(100 / 3)
+    assert gpu.exposed_comm_ms_per_step == pytest.approx(0.2)
+    assert rank_gpu_breakdown(store, "other") == {}
+
+
+def test_absolute_and_relative_layouts_give_the_same_times(tmp_path):
+    p = three_steps()
+    rel = p.write(tmp_path / "rel.json")
+    absolute = p.write(tmp_path / "abs.json.gz", gz=True, absolute=True, flow="async_cpu_to_gpu")
+    out = []
+    for f, label in ((rel, "a"), (absolute, "b")):
+        with open_store(":memory:") as s:
+            ingest_paths(s, [f], version=label)
+            out.append(s.run("SELECT min(start_ns), max(end_ns), count(*) FROM spans"))
+    assert out[0] == out[1]
+    assert out[0][0][0] == BASE_NS
+
+
+def test_nanosecond_fractions_are_exact():
+    assert ks.us_to_ns("1711964646123456.789") == 1_711_964_646_123_456_789
+    assert ks.us_to_ns("0.5") == 500
+    assert ks.us_to_ns("-1.25") == -1250
+    assert ks.us_to_ns("1.5e3") == 1_500_000
+    assert ks.us_to_ns(12) == 12_000
+    assert ks.us_to_ns("x") is None
+
+
+def test_stream_reader_matches_json_whatever_the_chunk_size(monkeypatch):
+    doc = three_steps().document()
+    text = json.dumps(doc)
+    monkeypatch.setattr(ks, "CHUNK_CHARS", 7)
+    stream = ks.KinetoStream(io.StringIO(text))
+    events = list(stream.events())
+    assert len(events) == len(doc["traceEvents"])
+    assert stream.meta["baseTimeNanoseconds"] == BASE_NS
+    assert stream.meta["distributedInfo"]["rank"] == 0
+    assert events[0]["name"] == doc["traceEvents"][0]["name"]
+
+
+def test_comm_pattern_marks_user_kernels_as_communication(tmp_path):
+    f = three_steps(comm="deep_ep::internode::dispatch<8>(void*)").write(tmp_path / "r.json")
+    with open_store(":memory:") as s:
+        ingest_paths(s, [f], version="plain")
+        assert s.run("SELECT comm_ns FROM kineto_gpu WHERE step = 1") == [(0,)]
+        ingest_paths(s, [f], version="deep", comm_pattern=r"deep_ep::")
+        assert s.run("SELECT comm_ns FROM kineto_gpu WHERE step = 1 AND run_label = 'deep'") == [
+            (300_000,)
+        ]
+
+
+def test_profile_without_distributed_info_is_rank_zero_with_a_warning(tmp_path, capsys):
+    f = three_steps(rank=None).write(tmp_path / "solo.json")
+    code = main(["ingest", str(f), "--db", str(tmp_path / "s.duckdb"), "--version", "v"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "no distributedInfo: read as rank 0 of 1" in err
+
+
+@pytest.mark.parametrize("cut", ["gzip", "plain", "garbage"])
+def test_damaged_file_is_one_line_exit_2_and_other_files_still_load(tmp_path, capsys, cut):
+    good = three_steps(rank=0).write(tmp_path / "rank0.json")
+    text = json.dumps(three_steps(rank=1).document(), indent=1)
+    bad = tmp_path / "rank1.json"
+    if cut == "gzip":
+        import gzip
+
+        bad = tmp_path / "rank1.json.gz"
+        packed = gzip.compress(text.encode())
+        bad.write_bytes(packed[: len(packed) // 2])
+    elif cut == "plain":
+        bad.write_text(text[: len(text) // 2])
+    else:
+        bad.write_text(text.replace('"dur": 300', '"dur": 3@0', 1))
+    db = tmp_path / "s.duckdb"
+    code = main(["ingest", str(good), str(bad), "--db", str(db), "--version", "v"])
+    assert code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(str(bad))]
+    assert len(lines) == 1 and "file skipped" in lines[0]
+    with open_store(db, read_only=True) as s:
+        assert s.run("SELECT DISTINCT rank FROM kineto_gpu") == [(0,)]
+        assert s.run("SELECT count(*) FROM requests") == [(3,)]
+
+
+def test_second_file_of_a_rank_in_one_run_is_refused(tmp_path):
+    a = three_steps(rank=0).write(tmp_path / "a.json")
+    b = three_steps(rank=0).write(tmp_path / "b.json")
+    with open_store(":memory:") as s:
+        report = ingest_paths(s, [a, b], version="v")
+    assert report.skipped == 1
+    assert re.search(r"rank 0 again", report.skipping_problems[0].reason)
+
+
+def test_reingesting_a_profile_changes_nothing(store, tmp_path):
+    f = three_steps().write(tmp_path / "r.json")
+    ingest_paths(store, [f], version="v")
+    first = store.run("SELECT count(*) FROM spans"), store.run("SELECT * FROM kineto_gpu")
+    assert ingest_paths(store, [f], version="v").spans_stored == 0
+    assert (store.run("SELECT count(*) FROM spans"), store.run("SELECT * FROM kineto_gpu")) == first
+
+
+def test_timeline_idle_split_host_wait_kernel_wait_other():
+    # stream 1: ops 0-10, 15-20 (launched at 5: before the gap, short gap = kernel wait),
+    # 100-110 (launched at 90, after 20 ended: host wait), 200-210 (launched at 50: other)
+    us = 1000
+    start = np.array([0, 15, 100, 200]) * us
+    end = np.array([10, 20, 110, 210]) * us
+    launch = np.array([0, 5, 90, 50]) * us
+    stream = np.ones(4, dtype=np.int64)
+    assert tl.idle_split(start, end, stream, launch) == (80 * us, 5 * us, 90 * us)
+    assert tl.union_ns(np.array([0, 5, 20]), np.array([10, 8, 30])) == 20
