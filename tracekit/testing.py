@@ -64,9 +64,13 @@ class _Resource:
     version: str | None
     instance_id: str | None
     host: str | None
+    job: tuple[int, int] | None = None
+    """(rank, world size) of a training process."""
 
-    def attributes(self) -> dict[str, str]:
-        out = {cv.SERVICE_NAME: self.service}
+    def attributes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {cv.SERVICE_NAME: self.service}
+        if self.job is not None:
+            out[cv.RANK], out[cv.WORLD_SIZE], out[cv.LOCAL_RANK] = self.job[0], self.job[1], 0
         if self.version is not None:
             out[cv.SERVICE_VERSION] = self.version
         if self.instance_id is not None:
@@ -75,8 +79,8 @@ class _Resource:
             out[cv.HOST_NAME] = self.host
         return out
 
-    def key(self) -> tuple[str, str | None, str | None, str | None]:
-        return (self.service, self.version, self.instance_id, self.host)
+    def key(self) -> tuple[Any, ...]:
+        return (self.service, self.version, self.instance_id, self.host, self.job)
 
 
 @dataclass
@@ -209,6 +213,39 @@ class RequestBuilder:
         self.builder.spans.append(ref)
         return ref
 
+    def collective(
+        self,
+        seq: int,
+        *,
+        start_ms: float,
+        duration_ms: float,
+        parent: SpanRef | None = None,
+        op: str = "all_reduce",
+        nbytes: int = 0,
+        group: str = "default",
+        background: bool = False,
+    ) -> SpanRef:
+        """A ``communication`` span (one collective, number ``seq`` in ``group``).
+
+        ``background``: launched while ``parent`` kept computing (a DDP bucket).
+        """
+        attrs: dict[str, Any] = {
+            cv.COMM_OP: op,
+            cv.COMM_BYTES: nbytes,
+            cv.COMM_GROUP: group,
+            cv.COMM_SEQ: seq,
+        }
+        if background:
+            attrs[cv.COMM_ASYNC] = True
+        return self.stage(
+            cv.COMMUNICATION,
+            start_ms=start_ms,
+            duration_ms=duration_ms,
+            parent=parent,
+            name=f"{cv.COMM_SPAN_NAME} {op}",
+            attributes=attrs,
+        )
+
 
 class TraceBuilder:
     """Builds traces deterministically; see the module docstring for an example."""
@@ -226,7 +263,7 @@ class TraceBuilder:
         self.instance_id = instance_id if instance_id is not None else f"{service}-0"
         self.host = host
         self._rng = random.Random(seed)
-        self._resources: dict[tuple[str, str | None, str | None, str | None], _Resource] = {}
+        self._resources: dict[tuple[Any, ...], _Resource] = {}
         self.spans: list[SpanRef] = []
         self.requests: list[RequestBuilder] = []
 
@@ -324,6 +361,51 @@ class TraceBuilder:
         self.spans.append(span)
         return span
 
+    def step(
+        self,
+        index: int,
+        *,
+        rank: int,
+        world_size: int,
+        start_ms: float,
+        duration_ms: float,
+        samples: int | None = None,
+        host: str | None = None,
+        version: str | None = None,
+    ) -> RequestBuilder:
+        """A ``train_step`` root span of one rank (its own trace); add stages to it.
+
+        Each rank is its own process: resource ``service.instance.id`` ``<service>-rank<r>``
+        with ``tracekit.rank``/``world_size``, on ``host`` (default: the builder's).
+        """
+        res = _Resource(
+            self.service,
+            version or self.version,
+            f"{self.service}-rank{rank}",
+            host or self.host,
+            (rank, world_size),
+        )
+        res = self._resources.setdefault(res.key(), res)
+        attrs: dict[str, Any] = {cv.STEP: index, cv.RANK: rank, cv.WORLD_SIZE: world_size}
+        if samples is not None:
+            attrs[cv.STEP_SAMPLES] = samples
+        start_ns = EPOCH_NS + _ms_to_ns(start_ms)
+        root = SpanRef(
+            trace_id=self.new_trace_id(),
+            span_id=self.new_span_id(),
+            parent_span_id=None,
+            name=cv.STEP_SPAN_NAME,
+            kind="INTERNAL",
+            start_ns=start_ns,
+            end_ns=start_ns + _ms_to_ns(duration_ms),
+            resource=res,
+            attributes=attrs,
+        )
+        self.spans.append(root)
+        req = RequestBuilder(self, root)
+        self.requests.append(req)
+        return req
+
     # --- output ----------------------------------------------------------------------
     def trace_ids(self) -> list[str]:
         """Every trace id built, in creation order."""
@@ -354,7 +436,7 @@ class TraceBuilder:
         attribution.refresh(store, self.trace_ids())
 
     def _resource_spans(self, chunk: int | None) -> list[dict[str, Any]]:
-        groups: dict[tuple[str, str | None, str | None, str | None], list[SpanRef]] = {}
+        groups: dict[tuple[Any, ...], list[SpanRef]] = {}
         for s in self.spans:
             groups.setdefault(s.resource.key(), []).append(s)
         out = []
@@ -465,3 +547,81 @@ def worked_example(builder: TraceBuilder | None = None, *, start_ms: float = 0.0
     )
     r.stage(cv.POSTPROCESS, start_ms=145, duration_ms=10, cpu_ms=9.0)
     return r
+
+
+def training_run(
+    builder: TraceBuilder,
+    *,
+    world_size: int,
+    steps: int,
+    version: str | None = None,
+    batch: int = 32,
+    data_ms: float = 2.0,
+    forward_ms: float = 20.0,
+    backward_ms: float = 40.0,
+    optimizer_ms: float = 5.0,
+    transfer_ms: float = 10.0,
+    overlap: float = 0.5,
+    straggler: tuple[int, float] | None = None,
+    ranks_per_host: int = 8,
+    host_offsets_ms: Mapping[int, float] | None = None,
+    jitter_ms: float = 0.5,
+) -> None:
+    """A synchronous data-parallel run: every step, every rank loads, computes, all-reduces.
+
+    Per rank and step: ``data_wait``, ``forward``, ``backward`` with one bucket all-reduce
+    launched at ``overlap`` of the backward pass (background, as DDP does) and one at its
+    end, then ``optimizer``. A collective ends ``transfer_ms`` after the last rank
+    arrives. ``straggler=(rank, ms)`` makes that rank's forward slower. Ranks sit
+    ``ranks_per_host`` to a host; ``host_offsets_ms[h]`` shifts host ``h``'s clock.
+    Every rank's step starts when the previous one ended everywhere (deterministic
+    jitter from the builder's seed).
+    """
+    rng = builder._rng
+    offsets = host_offsets_ms or {}
+    t = 0.0
+    seq = 0
+    for index in range(steps):
+        plan = []
+        for rank in range(world_size):
+            extra = straggler[1] if straggler and straggler[0] == rank else 0.0
+            j = [rng.uniform(0, jitter_ms) for _ in range(3)]
+            data, fwd = data_ms + j[0], forward_ms + extra + j[1]
+            bwd = backward_ms + j[2]
+            plan.append((data, fwd, bwd))
+        # bucket 1 goes out mid-backward, bucket 2 at its end; each ends when the last
+        # rank's launch arrived plus the transfer (bucket 2 also after bucket 1)
+        first = [t + d + f + bwd * overlap for d, f, bwd in plan]
+        last = [t + d + f + bwd for d, f, bwd in plan]
+        end1 = max(first) + transfer_ms
+        end2 = max(max(last), end1) + transfer_ms
+        step_end = end2 + optimizer_ms
+        for rank, (data, fwd, _bwd) in enumerate(plan):
+            host = rank // ranks_per_host
+            off = offsets.get(host, 0.0)
+            s = builder.step(
+                index,
+                rank=rank,
+                world_size=world_size,
+                start_ms=t + off,
+                duration_ms=step_end - t,
+                samples=batch,
+                host=f"node-{host}",
+                version=version,
+            )
+            s.stage(cv.DATA_WAIT, start_ms=0, duration_ms=data)
+            s.stage(cv.FORWARD, start_ms=data, duration_ms=fwd)
+            b0 = data + fwd
+            bw = s.stage(cv.BACKWARD, start_ms=b0, duration_ms=end2 - t - b0)
+            for k, (launch, end) in enumerate(((first[rank], end1), (last[rank], end2))):
+                s.collective(
+                    seq + k,
+                    start_ms=launch - t,
+                    duration_ms=end - launch,
+                    parent=bw,
+                    nbytes=25 << 20,
+                    background=True,
+                )
+            s.stage(cv.OPTIMIZER, start_ms=end2 - t, duration_ms=optimizer_ms)
+        seq += 2
+        t = step_end

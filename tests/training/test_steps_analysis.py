@@ -1,0 +1,118 @@
+"""Steps, scaling diff and gate on generated 8- and 64-rank runs (the trace builder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tracekit import conventions as cv
+from tracekit.analysis.store import open_store
+from tracekit.analysis.training.diff import diff_runs
+from tracekit.analysis.training.gate import gate_runs
+from tracekit.analysis.training.model import IMBALANCE, PEER_WAIT, TRANSFER
+from tracekit.analysis.training.steps import load_run, steps_report
+from tracekit.render.training import DIFF_RENDERERS, STEPS_RENDERERS
+from tracekit.testing import TraceBuilder, training_run
+
+
+def _store(tmp_path, **after):
+    b = TraceBuilder(service="trainer", version="8gpu", seed=1)
+    training_run(b, world_size=8, steps=12, version="8gpu")
+    training_run(b, world_size=64, steps=12, version="64gpu", **after)
+    store = open_store(tmp_path / "t.duckdb")
+    b.load(store)
+    return store
+
+
+def test_components_add_up_to_the_step_time_and_ranks_are_learned(tmp_path):
+    with _store(tmp_path) as store:
+        run = load_run(store, "64gpu")
+    assert run.world_size == 64 and len(run.ranks) == 64 and run.steps == 11
+    total = sum(c.mean_ms for c in run.components)
+    assert total == pytest.approx(run.step_ms_mean, rel=1e-9)
+    # the mid-backward bucket overlaps compute; the last one is exposed
+    assert 0 < run.overlap_pct < 100
+    assert run.collectives == 2 * 12
+    assert run.clock_offset_ms == 0 and not run.flags
+
+
+def test_a_straggler_is_named_with_its_rank_and_host(tmp_path):
+    with _store(tmp_path, straggler=(37, 30.0)) as store:
+        run = load_run(store, "64gpu")
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert run.stragglers[0].rank == 37 and run.stragglers[0].share == 1.0
+    assert run.stragglers[0].mean_lag_ms == pytest.approx(30.0, abs=1.0)
+    by = {c.name: c for c in run.components}
+    assert by[PEER_WAIT].mean_ms > 25 and by[IMBALANCE].mean_ms < 1.0
+    assert d.verdict.bottleneck == "straggler" and d.verdict.ranks == [37]
+    assert "node-4" in d.verdict.summary
+
+
+def test_communication_growth_is_named(tmp_path):
+    with _store(tmp_path, transfer_ms=40.0) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.verdict.bottleneck == "communication"
+    top = max(d.components, key=lambda c: c.share or 0)
+    assert top.name == TRANSFER
+
+
+def test_data_loading_growth_is_named(tmp_path):
+    with _store(tmp_path, data_ms=40.0) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.verdict.bottleneck == "data_loading"
+    assert "num_workers" in d.verdict.summary
+
+
+def test_the_same_run_at_8_and_64_ranks_has_no_bottleneck(tmp_path):
+    with _store(tmp_path) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+        g = gate_runs(store, "8gpu", "64gpu")
+    assert d.scaling.ideal == 8.0 and d.scaling.efficiency == pytest.approx(1.0, abs=0.05)
+    assert d.verdict.bottleneck == "none"
+    assert g.result == "pass" and g.exit_code == 0
+
+
+def test_clock_offsets_between_hosts_are_aligned_and_flagged(tmp_path):
+    with _store(tmp_path, straggler=(3, 20.0), host_offsets_ms={2: 7.5, 5: -3.0}) as store:
+        run = load_run(store, "64gpu")
+        doc = json.loads(STEPS_RENDERERS["json"](steps_report(store, "64gpu")))
+    assert run.clock_offset_ms == pytest.approx(7.5, abs=0.01)
+    assert [f.code for f in run.flags] == ["clock_aligned"]
+    # without alignment host 2's ranks would look 7.5 ms late at every collective
+    assert run.stragglers[0].rank == 3
+    assert doc["runs"][0]["clock_offset_ms"] == pytest.approx(7.5, abs=0.01)
+    assert doc["flags"][0]["code"] == "clock_aligned"
+
+
+def test_json_has_the_documented_keys(tmp_path):
+    with _store(tmp_path, straggler=(1, 10.0)) as store:
+        steps = json.loads(STEPS_RENDERERS["json"](steps_report(store)))
+        diff = json.loads(DIFF_RENDERERS["json"](diff_runs(store, "8gpu", "64gpu")))
+    run = steps["runs"][0]
+    assert {"label", "world_size", "steps", "step_ms", "components", "overlap_pct"} <= set(run)
+    assert {"samples_per_s", "ranks", "stragglers", "clock_offset_ms"} <= set(run)
+    assert set(run["step_ms"]) == {"p50", "p95"}
+    assert {"rank", "step_ms_p50", "data_wait_ms", "compute_ms", "comm_exposed_ms"} <= set(
+        run["ranks"][0]
+    )
+    assert "peer_wait_ms" in run["ranks"][0]
+    assert {"rank", "last_arrivals", "mean_lag_ms"} <= set(run["stragglers"][0])
+    assert diff["kind"] == "training"
+    assert {"label", "world_size", "steps", "step_ms_p50", "samples_per_s"} <= set(diff["after"])
+    assert set(diff["scaling"]) == {"speedup", "ideal", "efficiency"}
+    assert {"name", "before_ms", "after_ms", "delta_ms", "share"} <= set(diff["components"][0])
+    assert {"bottleneck", "summary", "ranks"} <= set(diff["verdict"])
+    assert isinstance(diff["flags"], list)
+
+
+def test_gate_budget_on_step_time_fails_a_slower_run(tmp_path):
+    with _store(tmp_path, transfer_ms=40.0) as store:
+        g = gate_runs(store, "8gpu", "64gpu", ["step_ms.p50<=+10%", "samples_per_s>=100"])
+    assert [c.result for c in g.checks] == ["fail", "pass"] and g.exit_code == 1
+
+
+def test_stage_names_are_the_conventions():
+    assert cv.default_time_kind(cv.DATA_WAIT) == cv.WAIT
+    assert cv.default_time_kind(cv.COMMUNICATION) == cv.WAIT
+    assert cv.default_time_kind(cv.BACKWARD) == cv.COMPUTE
