@@ -16,7 +16,6 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.compare.diff import compute_diff
-from tracekit.conventions import order_stages
 from tracekit.render.diff import render_json, render_markdown, render_table
 
 N = 4000
@@ -49,7 +48,7 @@ def release(
     cpu_utilization: float | None = None,
     rng: np.random.Generator | None = None,
 ) -> ReleaseData:
-    names = order_stages(list(stages))
+    names = cv.order_stages(list(stages))
     n = len(next(iter(stages.values())))
     crit = np.column_stack([stages[s] for s in names])
     cpu_ms = np.full((n, len(names)), np.nan)

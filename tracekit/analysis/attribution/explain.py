@@ -15,7 +15,6 @@ from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution import per_request as attribution
 from tracekit.analysis.store import Store
-from tracekit.conventions import order_stages
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
@@ -166,7 +165,7 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
         )
     by_stage = {st.stage: st for st in a.stages}
     stages = []
-    for name in order_stages(list(by_stage)):
+    for name in cv.order_stages(list(by_stage)):
         s = by_stage[name]
         stages.append(
             ExplainStage(

@@ -33,7 +33,6 @@ import numpy.typing as npt
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import MIN_TAIL_SAMPLES, tail_samples, weighted_quantile
-from tracekit.conventions import order_stages
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -92,7 +91,7 @@ def counterfactual_removals(
 
     ``stages`` defaults to every stage either group has, in request order.
     """
-    stages = stages or order_stages(set(before.stages) | set(after.stages))
+    stages = stages or cv.order_stages(set(before.stages) | set(after.stages))
     after_q = weighted_quantile(after.duration_ms, q, after.weights)
     before_q = weighted_quantile(before.duration_ms, q, before.weights)
     growth = after_q - before_q

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tracekit import conventions as cv
 from tracekit.analysis.store import Store
-from tracekit.conventions import order_stages
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
@@ -120,7 +120,7 @@ def load_release(
     kinds_seen: dict[str, dict[str, int]] = {}
     for stage, kind, count in store.con.execute(_KIND_SQL, params).fetchall():
         kinds_seen.setdefault(stage, {})[kind] = int(count)
-    stages = order_stages(list(kinds_seen))
+    stages = cv.order_stages(list(kinds_seen))
     k = len(stages)
 
     rows = store.con.execute(_STAGE_SQL, params).fetchnumpy()
@@ -165,7 +165,7 @@ def concat_releases(parts: list[ReleaseData]) -> ReleaseData:
     """
     if len(parts) == 1:
         return parts[0]
-    stages = order_stages({s for p in parts for s in p.stages})
+    stages = cv.order_stages({s for p in parts for s in p.stages})
 
     def widen(p: ReleaseData, m: npt.NDArray[np.float64], fill: float) -> npt.NDArray[np.float64]:
         out = np.full((p.n, len(stages)), fill)

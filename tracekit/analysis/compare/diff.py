@@ -19,6 +19,11 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.sampling import (
+    UNWEIGHTED_TAIL_SAMPLING,
+    estimated_requests,
+    unweighted_tail_sampling,
+)
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
 from tracekit.analysis.compare.wording import (
     Flag,
@@ -28,7 +33,6 @@ from tracekit.analysis.compare.wording import (
     verdict_sentence,
 )
 from tracekit.analysis.store import Store
-from tracekit.conventions import order_stages
 
 EXEMPLARS = 3
 
@@ -37,6 +41,9 @@ EXEMPLARS = 3
 class ReleaseRef:
     label: str
     requests: int
+    """Requests kept in the store."""
+    estimated_requests: float = 0.0
+    """Their summed sample weights: the requests they stand for."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ def compute_diff(
         reason=reason,
     )
 
-    stages = order_stages(set(before.stages) | set(after.stages))
+    stages = cv.order_stages(set(before.stages) | set(after.stages))
     _, removals = cf.counterfactual_removals(before, after, q, stages)
     rows = []
     for removal in removals:
@@ -206,8 +213,8 @@ def compute_diff(
     verdict = _verdict(tail_delta, rows, confidence)
     flags = _flags(before, after, tail, tail_delta, verdict)
     result = DiffResult(
-        before=ReleaseRef(before.label, before.n),
-        after=ReleaseRef(after.label, after.n),
+        before=ReleaseRef(before.label, before.n, estimated_requests(before)),
+        after=ReleaseRef(after.label, after.n, estimated_requests(after)),
         confidence=confidence,
         latency=[_latency_row(d) for d in deltas],
         tail=tail,
@@ -255,6 +262,9 @@ def _flags(
     )
     if few is not None:
         flags.append(few)
+    for rel in (before, after):
+        if bias := unweighted_tail_sampling(rel):
+            flags.append(Flag(UNWEIGHTED_TAIL_SAMPLING, bias))
     if verdict.kind == cv.HIDDEN_WAIT:
         flags.append(
             Flag(
