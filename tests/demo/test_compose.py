@@ -156,3 +156,59 @@ def test_dockerfile_builds_the_demo_from_python_slim_with_cpu_torch() -> None:
         assert var in text
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(r"^demo = ", pyproject, re.M), "the demo extra the image installs"
+
+
+COLLECTOR_CONFIG = REPO / "deploy" / "otel-collector-clickhouse.yaml"
+
+
+def test_the_clickhouse_profile_runs_clickhouse_and_a_contrib_collector(
+    compose: dict[str, Any],
+) -> None:
+    clickhouse, collector = compose["clickhouse"], compose["otel-collector"]
+    assert clickhouse["profiles"] == collector["profiles"] == ["clickhouse"]
+    assert re.fullmatch(r"clickhouse/clickhouse-server:\d+\.\d+", clickhouse["image"])
+    assert "8123:8123" in clickhouse["ports"]
+    assert re.fullmatch(r"otel/opentelemetry-collector-contrib:\d+\.\d+\.\d+", collector["image"])
+    mount = collector["volumes"][0].split(":")
+    assert (REPO / mount[0]).resolve() == COLLECTOR_CONFIG
+    assert f"--config={mount[1]}" in collector["command"]
+    assert collector["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+
+
+def test_the_collector_writes_otel_traces_where_tracekit_reads_it(compose: dict[str, Any]) -> None:
+    from tracekit.analysis.store.url import DEFAULT_TABLE, parse_store_url
+
+    config = yaml.safe_load(COLLECTOR_CONFIG.read_text())
+    exporter = config["exporters"]["clickhouse"]
+    pipeline = config["service"]["pipelines"]["traces"]
+    assert {"clickhouse", "otlp/jaeger"} <= set(pipeline["exporters"])
+    assert pipeline["receivers"] == ["otlp"]
+    assert urlsplit(exporter["endpoint"]).hostname == "clickhouse"
+    assert exporter["traces_table_name"] == DEFAULT_TABLE
+    assert config["exporters"]["otlp/jaeger"]["endpoint"] == "jaeger:4317"
+    env = _env(compose["clickhouse"])
+    # The URL the compose file's header tells people to pass to tracekit.
+    header = COMPOSE.read_text()
+    url_text = re.search(r"--store (clickhouse://\S+)", header)
+    assert url_text is not None
+    url = parse_store_url(url_text.group(1))
+    assert (url.user, url.password, url.database, url.port) == (
+        env["CLICKHOUSE_USER"],
+        env["CLICKHOUSE_PASSWORD"],
+        exporter["database"],
+        8123,
+    )
+    assert (exporter["username"], exporter["password"]) == (url.user, url.password)
+
+
+def test_services_export_to_jaeger_unless_pointed_at_the_collector(
+    compose: dict[str, Any],
+) -> None:
+    for name, svc in _demo_services(compose).items():
+        raw = (svc.get("environment") or {}).get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if raw is None:
+            continue
+        assert raw == "${TRACEKIT_OTLP_ENDPOINT:-http://jaeger:4318}", name
+    assert "4318" in str(
+        yaml.safe_load(COLLECTOR_CONFIG.read_text())["receivers"]["otlp"]["protocols"]["http"]
+    )
