@@ -24,8 +24,12 @@ Regressions (v2 only):
   contention   a CPU-hogging thread holds the GIL                         -> a compute stage, hidden_wait
   none         v2 = v1                                                    -> verdict none
 
+Training (--training): a 1-rank and a 2-rank DDP job (gloo on 127.0.0.1), then
+`tracekit steps` and the scaling `tracekit diff`; --regression straggler|data|comm|none.
+
 Example:
   tracekit demo --regression cache --keep demo-out
+  tracekit demo --training --regression straggler
   tracekit demo --otlp-endpoint http://localhost:4318   # the same spans also go to Jaeger
 """
 
@@ -42,11 +46,20 @@ def register(sub: Any) -> None:
         help="run the reference service and find a v1 → v2 regression",
         description=DESCRIPTION,
     )
+    from tracekit.demo.trainer import TRAINING_REGRESSIONS
+
     parser.add_argument(
         "--regression",
-        choices=list(REGRESSIONS),
-        default=DEFAULT_REGRESSION,
-        help="what v2 changes",
+        choices=list(dict.fromkeys([*REGRESSIONS, *TRAINING_REGRESSIONS])),
+        default=None,
+        help=f"what v2 changes (default {DEFAULT_REGRESSION}); with --training one of "
+        f"{'|'.join(TRAINING_REGRESSIONS)} (default straggler)",
+    )
+    parser.add_argument(
+        "--training",
+        action="store_true",
+        help="instead: a 1-rank and a 2-rank DDP run (gloo, CPU) and the scaling diff, "
+        "e.g. tracekit demo --training --regression data",
     )
     parser.add_argument(
         "--duration",
@@ -85,6 +98,20 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.demo.runner import DemoOptions, run_demo
     from tracekit.errors import ConfigError
 
+    if args.training:
+        from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
+        from tracekit.demo.training import run_training_demo
+
+        name = args.regression or DEFAULT_TRAINING_REGRESSION
+        if name not in TRAINING_REGRESSIONS:
+            raise ConfigError(
+                f"--training --regression {name}: use one of {', '.join(TRAINING_REGRESSIONS)}"
+            )
+        return run_training_demo(name, keep=args.keep, seed=args.seed)
+    if args.regression is None:
+        from tracekit.demo.regressions import DEFAULT_REGRESSION
+
+        args.regression = DEFAULT_REGRESSION
     if args.duration <= 0 or args.rate <= 0:
         raise ConfigError("--duration and --rate must be positive")
     if args.duration * args.rate > 20_000:
