@@ -7,11 +7,14 @@ full-page screenshot is written to build/test-output/render/ (or $TRACEKIT_TEST_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from tracekit.analysis.store import open_store
 from tracekit.cli import main
+from tracekit.testing import TraceBuilder, training_run
 
 READY = "document.body.dataset.charts !== undefined"
 
@@ -108,3 +111,30 @@ def test_slow_and_autoscale_write_their_part_alone(
     assert {c["kind"] for c in charts} == kinds
     assert all(c["points"] > 0 and c["marks"] > 0 for c in charts), charts
     browser.screenshot(session, artifacts / f"{name}.png")
+
+
+def test_training_runs_show_steps_per_rank_and_scaling(
+    browser, artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "train.duckdb"
+    b = TraceBuilder(service="trainer", seed=1)
+    training_run(b, world_size=4, steps=6, version="4gpu", ranks_per_host=4)
+    training_run(b, world_size=8, steps=6, version="8gpu", straggler=(5, 30.0), ranks_per_host=4)
+    with open_store(db) as store:
+        b.load(store)
+    page = write(tmp_path, ["report", "--before", "4gpu", "--after", "8gpu", "--db", str(db)])
+    capsys.readouterr()
+    main(["diff", "--before", "4gpu", "--after", "8gpu", "--db", str(db), "--format", "json"])
+    diff = json.loads(capsys.readouterr().out)
+    session, run = browser.open(page, ready_js=READY)
+    assert run.errors == [] and run.requests == []
+    charts = browser.evaluate(session, CHARTS_JS)
+    assert [c["kind"] for c in charts] == ["training"] * 4  # scaling, components, 2 runs
+    assert all(c["points"] > 0 and c["marks"] > 0 for c in charts), charts
+    results = json.loads(
+        browser.evaluate(session, "document.getElementById('tracekit-results').textContent")
+    )
+    assert results["training"] == diff
+    ranks = browser.evaluate(session, "document.querySelectorAll('.chart')[3].data[0].x.length")
+    assert ranks == 8
+    browser.screenshot(session, artifacts / "training.png")

@@ -132,3 +132,17 @@ def test_user_errors_exit_2_with_one_line(
     assert main(["report", *argv, "--db", report_db]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_gate_html_is_the_report_around_the_gate_decision(
+    report_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gate.html"
+    argv = ["gate", "--before", "v1", "--after", "v2", "--db", report_db, "--format", "json"]
+    assert main([*argv, "--html", str(out)]) == 1  # the exit code is still the gate's
+    gate = json.loads(capsys.readouterr().out)
+    page = out.read_text(encoding="utf-8")
+    results = embedded(page, "tracekit-results")
+    assert results["gate"] == gate and gate["result"] == "fail"
+    assert '<span class="badge fail">FAIL</span>' in page
+    assert 'data-chart="latency"' in page and 'data-chart="waterfall"' in page

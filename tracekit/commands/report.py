@@ -196,9 +196,13 @@ def gather_report(
     from tracekit.analysis.compare.diff import diff_releases
     from tracekit.analysis.gate.budgets import parse_budgets
     from tracekit.analysis.gate.evaluate import run_gate
+    from tracekit.analysis.training.steps import training_runs
     from tracekit.errors import QueryError
     from tracekit.render.html import Report
 
+    runs = training_runs(store)
+    if before in runs and after in runs:
+        return training_report(store, before, after)
     diff = diff_releases(
         store,
         before,
@@ -257,6 +261,21 @@ def gather_report(
     return report
 
 
+def training_report(store: Store, before: str, after: str) -> Report:
+    """Two training runs: the scaling diff and each run's steps per rank."""
+    from tracekit.analysis.training.diff import compare_runs
+    from tracekit.analysis.training.steps import load_run
+    from tracekit.render.html import Report
+    from tracekit.render.html.model import TrainingPart
+
+    b, a = load_run(store, before), load_run(store, after)
+    return Report(
+        title=f"tracekit report: training {before} → {after}",
+        source=str(store.path),
+        training=TrainingPart(compare_runs(b, a), [b, a]),
+    )
+
+
 def slow_report(
     store: Store, result: SlowFast, *, service: str | None, route: str | None
 ) -> Report:
@@ -295,6 +314,12 @@ def run(args: argparse.Namespace) -> int:
         )
     out = write_html(args.output, render_report(report))
     size = out.stat().st_size / 1e6
-    verdict = report.diff.verdict.summary if report.diff else ""
+    verdict = (
+        report.diff.verdict.summary
+        if report.diff
+        else report.training.diff.verdict.summary
+        if report.training
+        else ""
+    )
     print(f"wrote {out} ({size:.1f} MB): {verdict}")
     return 0

@@ -27,7 +27,11 @@ Figure = dict[str, Any]
 BEFORE_COLOR = "#6b7f99"
 AFTER_COLOR = "#d9480f"
 KIND_COLORS: dict[str, str] = {cv.WAIT: "#1c7ed6", cv.COMPUTE: "#2f9e44", cv.HIDDEN_WAIT: "#e8590c"}
-KIND_LABELS: dict[str, str] = {cv.WAIT: "wait", cv.COMPUTE: "compute", cv.HIDDEN_WAIT: "hidden wait"}
+KIND_LABELS: dict[str, str] = {
+    cv.WAIT: "wait",
+    cv.COMPUTE: "compute",
+    cv.HIDDEN_WAIT: "hidden wait",
+}
 CRITICAL_COLOR = "#c92a2a"
 STAGE_COLORS: dict[str, str] = {
     cv.FEATURE_RETRIEVAL: "#74c0fc",

@@ -19,6 +19,7 @@ from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.compare.diff import DiffResult
 from tracekit.analysis.compare.summary import SlowFast
 from tracekit.analysis.gate.evaluate import GateResult
+from tracekit.analysis.training.model import RunSteps, TrainingDiff
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class Waterfall:
     url: str | None = None
     note: str = ""
     """Why this trace was picked (``slowest of v2 with most batch_queue time``)."""
+
+
+@dataclass(frozen=True)
+class TrainingPart:
+    """Two training runs compared: the scaling diff and each run's per-rank steps."""
+
+    diff: TrainingDiff
+    runs: list[RunSteps]
 
 
 @dataclass
@@ -48,5 +57,6 @@ class Report:
     autoscale_note: str = ""
     """Why the autoscaling time line is absent (no ``--slo``, no replicas in the traces)."""
     waterfalls: list[Waterfall] = field(default_factory=list)
+    training: TrainingPart | None = None
     notes: list[str] = field(default_factory=list)
     """Parts that could not be drawn, and why (shown, never silently dropped)."""

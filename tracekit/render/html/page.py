@@ -138,6 +138,8 @@ def _header(report: Report) -> str:
     verdict = None
     if report.diff is not None:
         verdict = report.diff.verdict.summary
+    elif report.training is not None:
+        verdict = report.training.diff.verdict.summary
     elif report.slow is not None:
         verdict = report.slow.summary
     elif report.autoscale is not None:
@@ -276,9 +278,24 @@ def _autoscale_section(page: Page, report: Report) -> None:
     page.section("autoscale", "Autoscaling", *body)
 
 
+def _training_section(page: Page, report: Report) -> None:
+    from tracekit.render.html import training
+
+    part = report.training
+    assert part is not None
+    v = part.diff.verdict
+    body = [
+        f'<p class="verdict-small">{e(v.fix)}</p>' if v.fix else "",
+        page.chart("training", training.scaling(part.diff)),
+        page.chart("training", training.components(part.diff)),
+    ]
+    body += [page.chart("training", training.rank_stack(run)) for run in part.runs]
+    page.section("training", "Training runs: where the step time goes, per rank", *body)
+
+
 def results_json(report: Report) -> dict[str, Any]:
     """The results exactly as ``--format json`` prints them, one key per part present."""
-    from tracekit.render import autoscale, diff, gate, summary
+    from tracekit.render import autoscale, diff, gate, summary, training
 
     out: dict[str, Any] = {}
     if report.diff is not None:
@@ -289,6 +306,8 @@ def results_json(report: Report) -> dict[str, Any]:
         out["slow"] = json.loads(summary.SLOW_RENDERERS["json"](report.slow))
     if report.autoscale is not None:
         out["autoscale"] = json.loads(autoscale.render_json(report.autoscale))
+    if report.training is not None:
+        out["training"] = json.loads(training.diff_json(report.training.diff))
     return out
 
 
@@ -315,6 +334,8 @@ def render_report(report: Report) -> str:
         _autoscale_section(page, report)
     elif report.autoscale_note:
         page.section("autoscale", "Autoscaling", f'<p class="note">{e(report.autoscale_note)}</p>')
+    if report.training is not None:
+        _training_section(page, report)
     if report.notes:
         page.section("notes", "Not shown", *(f'<p class="note">{e(n)}</p>' for n in report.notes))
     footer = (
