@@ -53,6 +53,14 @@ def to_json(obj: Any) -> str:
     return json.dumps(_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
 
 
+def requests_text(kept: int, estimated: float) -> str:
+    """``1,204 requests``, or ``1,204 requests kept (~4,816)`` where sample weights make
+    the requests they stand for differ from the requests in the store."""
+    if estimated <= 0 or round(estimated) == kept:
+        return f"{kept:,} requests"
+    return f"{kept:,} requests kept (~{estimated:,.0f})"
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured markdown table (pipes in cells escaped)."""
 

@@ -16,7 +16,15 @@ from rich.text import Text
 from tracekit.analysis.cohorts.bubbleup import AttributeLift
 from tracekit.analysis.compare.diff import DiffResult, Exemplar
 from tracekit.analysis.compare.wording import Flag
-from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
+from tracekit.render.common import (
+    markdown_table,
+    ms,
+    pct,
+    requests_text,
+    rich_to_text,
+    signed_ms,
+    to_json,
+)
 
 
 def _num(value: float, signed: bool = False) -> str:
@@ -126,8 +134,10 @@ def cohort_line(result: DiffResult) -> str:
     t = result.tail
     line = (
         f"Tail cohort ≥ {t.cohort}: {result.before.label} ≥ {t.threshold_before_ms:.1f} ms "
-        f"({t.requests_before} of {result.before.requests} requests), {result.after.label} ≥ "
-        f"{t.threshold_after_ms:.1f} ms ({t.requests_after} of {result.after.requests}). "
+        f"({t.requests_before} of "
+        f"{requests_text(result.before.requests, result.before.estimated_requests)}), "
+        f"{result.after.label} ≥ {t.threshold_after_ms:.1f} ms ({t.requests_after} of "
+        f"{requests_text(result.after.requests, result.after.estimated_requests)}). "
         "share = part of the tail growth that disappears when the stage is put back "
         "to its before distribution (counterfactual); tail columns are cohort means."
     )

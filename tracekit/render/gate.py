@@ -16,7 +16,7 @@ from typing import Any
 from tracekit.analysis.gate.evaluate import GateResult
 from tracekit.analysis.gate.model import GateCheck
 from tracekit.analysis.gate.wording import observed_text
-from tracekit.render.common import markdown_table, ms, rich_to_text, to_json
+from tracekit.render.common import markdown_table, ms, requests_text, rich_to_text, to_json
 
 ICONS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
 _STYLES = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
@@ -62,8 +62,16 @@ def as_dict(result: GateResult) -> dict[str, Any]:
     return {
         "result": result.result,
         "summary": result.summary,
-        "before": {"label": result.before.label, "requests": result.before.requests},
-        "after": {"label": result.after.label, "requests": result.after.requests},
+        "before": {
+            "label": result.before.label,
+            "requests": result.before.requests,
+            "estimated_requests": result.before.estimated_requests,
+        },
+        "after": {
+            "label": result.after.label,
+            "requests": result.after.requests,
+            "estimated_requests": result.after.estimated_requests,
+        },
         "confidence": result.confidence,
         "correction": result.correction,
         "min_effect_ms": result.min_effect_ms,
@@ -148,7 +156,8 @@ def render_markdown(result: GateResult) -> str:
         f"## {ICONS[result.result]} tracekit gate: {result.result}",
         "",
         f"**{result.after.label}** against **{result.before.label}**: "
-        f"{result.before.requests:,} vs {result.after.requests:,} requests, "
+        f"{requests_text(result.before.requests, result.before.estimated_requests)} vs "
+        f"{requests_text(result.after.requests, result.after.estimated_requests)}, "
         f"{result.confidence * 100:g}% confidence"
         + (f", Holm-corrected across {n} budgets." if n > 1 else "."),
         "",

@@ -10,7 +10,15 @@ from rich.table import Table
 from rich.text import Text
 
 from tracekit.analysis.compare.summary import SlowFast, Summary
-from tracekit.render.common import markdown_table, ms, pct, rich_to_text, signed_ms, to_json
+from tracekit.render.common import (
+    markdown_table,
+    ms,
+    pct,
+    requests_text,
+    rich_to_text,
+    signed_ms,
+    to_json,
+)
 from tracekit.render.diff import (
     ATTRIBUTE_HEADERS,
     attribute_rows,
@@ -29,7 +37,8 @@ def _num(value: float) -> str:
 
 def latency_line(s: Summary) -> str:
     qs = ", ".join(f"{k} {_num(v)}" for k, v in s.latency.items())
-    return f"{s.label}: {s.requests} requests ({s.errors} errors); {qs} ms"
+    count = requests_text(s.requests, s.estimated_requests)
+    return f"{s.label}: {count} ({s.errors} errors); {qs} ms"
 
 
 def summary_rows(s: Summary) -> list[list[str]]:
@@ -104,7 +113,7 @@ def _cohort_line(r: SlowFast) -> str:
     return (
         f"slow = ≥ {r.cohort} ({r.slow_threshold_ms:.1f} ms, {r.slow_requests} requests); "
         f"fast = ≤ p50 ({r.fast_threshold_ms:.1f} ms, {r.fast_requests} requests); "
-        f"of {r.requests} requests in {r.label}"
+        f"of {requests_text(r.requests, r.estimated_requests)} in {r.label}"
     )
 
 

@@ -22,6 +22,11 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.sampling import (
+    UNWEIGHTED_TAIL_SAMPLING,
+    estimated_requests,
+    unweighted_tail_sampling,
+)
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, weighted_quantiles
 from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar
 from tracekit.analysis.compare.wording import (
@@ -64,6 +69,8 @@ class Summary:
     stages: list[StageSummary]
     summary: str
     flags: list[Flag] = field(default_factory=list)
+    estimated_requests: float = 0.0
+    """Summed sample weights: the requests ``requests`` kept ones stand for."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,8 @@ class SlowFast:
     attributes: list[AttributeLift] = field(default_factory=list)
     exemplars: list[Exemplar] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
+    estimated_requests: float = 0.0
+    """Summed sample weights: the requests ``requests`` kept ones stand for."""
 
 
 def _tail_q(rel: ReleaseData) -> tuple[float, str]:
@@ -147,6 +156,8 @@ def compute_summary(rel: ReleaseData) -> Summary:
     few = few_requests_flag([rel], label, [int(mask.sum())])
     if few is not None:
         flags.append(few)
+    if bias := unweighted_tail_sampling(rel):
+        flags.append(Flag(UNWEIGHTED_TAIL_SAMPLING, bias))
     return Summary(
         label=rel.label,
         requests=rel.n,
@@ -158,6 +169,7 @@ def compute_summary(rel: ReleaseData) -> Summary:
         stages=stages,
         summary=sentence + ".",
         flags=flags,
+        estimated_requests=estimated_requests(rel),
     )
 
 
@@ -236,6 +248,8 @@ def compute_slow_fast(rel: ReleaseData) -> SlowFast:
     few = few_requests_flag([rel], label, [int(slow.sum())])
     if few is not None:
         flags.append(few)
+    if bias := unweighted_tail_sampling(rel):
+        flags.append(Flag(UNWEIGHTED_TAIL_SAMPLING, bias))
     idx = np.flatnonzero(slow)
     primary_ms = rel.stage_column(primary)[idx] if primary else np.zeros(len(idx))
     order = np.lexsort((-rel.duration_ms[idx], -primary_ms))[:EXEMPLARS]
@@ -261,6 +275,7 @@ def compute_slow_fast(rel: ReleaseData) -> SlowFast:
         summary=sentence,
         exemplars=exemplars,
         flags=flags,
+        estimated_requests=estimated_requests(rel),
     )
 
 

@@ -38,6 +38,11 @@ import numpy.typing as npt
 
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.sampling import (
+    UNWEIGHTED_TAIL_SAMPLING,
+    estimated_requests,
+    unweighted_tail_sampling,
+)
 from tracekit.analysis.cohorts.stats import (
     MIN_TAIL_SAMPLES,
     holm_adjust,
@@ -277,7 +282,13 @@ def evaluate_gate(
     warnings = tuple(
         GateWarning("coordinated_omission", msg) for msg in coordinated_omission(before, after)
     )
-    info_b, info_a = ReleaseInfo(before.label, before.n), ReleaseInfo(after.label, after.n)
+    warnings += tuple(
+        GateWarning(UNWEIGHTED_TAIL_SAMPLING, msg)
+        for rel in (before, after)
+        if (msg := unweighted_tail_sampling(rel))
+    )
+    info_b = ReleaseInfo(before.label, before.n, estimated_requests(before))
+    info_a = ReleaseInfo(after.label, after.n, estimated_requests(after))
     return _finish(info_b, info_a, confidence, min_effect_ms, checks, verdict, warnings)
 
 

@@ -95,3 +95,5 @@ class GateWarning:
 class ReleaseInfo:
     label: str
     requests: int
+    estimated_requests: float = 0.0
+    """Summed sample weights of the kept ``requests``."""

@@ -1,0 +1,77 @@
+"""Requests kept by a sampler: the estimated count, and stores tail-sampled without weights.
+
+Every statistic here is weighted by each request's adjusted count (DESIGN.md, "Sampling
+and weights"), so a store written by a sampler that records weights needs nothing
+more. A tail sampler that keeps every slow trace and a fraction of the rest *without*
+writing weights leaves fast requests under-counted: every quantile reads high and the
+tail looks bigger than it is. :func:`unweighted_tail_sampling` recognises the common
+case, the consistent samplers (OTel's ``probabilistic_sampler`` and tail sampling's
+``probabilistic`` policy, tracekit's own ``--sample-rest``) that decide from the trace
+id's 56 random bits (W3C Trace Context level 2): the requests below the tail then mostly
+have random bits under the kept fraction while the slow ones cover the whole range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.analysis.cohorts.release import ReleaseData
+
+UNWEIGHTED_TAIL_SAMPLING = "unweighted_tail_sampling"
+"""Flag code: the store looks tail-sampled without weights; quantiles are biased."""
+
+_RANDOM_SPAN = float(1 << 56)
+MIN_REST = 100
+"""Requests in the fastest half needed before the pattern says anything."""
+MAX_KEPT_FRACTION = 0.75
+"""Nine in ten of the rest have random bits below this fraction: sampled by trace id.
+Unsampled, 100 uniform values put their 90th percentile that low with probability < 1e-6."""
+MIN_TAIL_ABOVE = 0.25
+"""Share of the slowest fifth above that line (10 % expected unsampled): the tail was
+kept whatever its trace id. (A head sampler keeps none above it, and is unbiased.)"""
+
+
+def estimated_requests(rel: ReleaseData) -> float:
+    """Summed adjusted counts: how many requests the kept ones stand for."""
+    return float(rel.weights.sum())
+
+
+def _random_bits(trace_ids: np.ndarray) -> np.ndarray:
+    out = np.full(len(trace_ids), np.nan)
+    for i, tid in enumerate(trace_ids):
+        text = str(tid)
+        if len(text) == 32:
+            try:
+                out[i] = int(text[-14:], 16) / _RANDOM_SPAN
+            except ValueError:
+                continue
+    return out
+
+
+def unweighted_tail_sampling(rel: ReleaseData) -> str | None:
+    """Why ``rel``'s quantiles are biased, when its requests look tail-sampled without
+    weights; None otherwise (or when weights were written: then they are unbiased)."""
+    if rel.n < 2 * MIN_REST or np.any(rel.weights != 1.0):
+        return None
+    # The fastest half against the slowest fifth: a tail sampler's certain keeps reach
+    # well below the kept store's own p95, its weighted keeps fill the fast half.
+    fast_t, slow_t = np.quantile(rel.duration_ms, [0.5, 0.8])
+    slow = rel.duration_ms >= slow_t
+    bits = _random_bits(rel.trace_ids)
+    rest_bits = bits[(rel.duration_ms <= fast_t) & ~np.isnan(bits)]
+    tail_bits = bits[slow & ~np.isnan(bits)]
+    if len(rest_bits) < MIN_REST:
+        return None
+    kept = float(np.quantile(rest_bits, 0.9))
+    above = int((tail_bits > kept).sum())
+    if kept > MAX_KEPT_FRACTION or above < max(5, MIN_TAIL_ABOVE * len(tail_bits)):
+        return None
+    return (
+        f"{rel.label} looks tail-sampled without weights: 9 in 10 of its {len(rest_bits):,} "
+        f"fastest-half requests have trace-id random bits under {kept:.0%} of their range, "
+        f"while {above} of the {len(tail_bits):,} slowest-fifth ones lie above it. A "
+        f"sampler kept every slow trace and about {kept:.0%} of the rest but wrote no "
+        "tracekit.sample.weight, so fast requests are under-counted about "
+        f"{1 / max(kept, 1e-9):.0f}x and every quantile reads high. Re-collect through "
+        "`tracekit collect --keep-slowest PCT --sample-rest FRACTION` (it writes weights)."
+    )
