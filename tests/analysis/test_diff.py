@@ -219,7 +219,7 @@ def test_json_carries_every_contract_field() -> None:
     before = release("v1", draw(rng))
     after = release("v2", draw(rng, {cv.BATCH_QUEUE: (45.0, 0.6)}))
     doc = json.loads(render_json(compute_diff(before, after)))
-    assert doc["before"] == {"label": "v1", "requests": N}
+    assert doc["before"] == {"label": "v1", "requests": N, "estimated_requests": N}
     assert doc["after"]["label"] == "v2"
     assert [r["quantile"] for r in doc["latency"]] == ["p50", "p90", "p95", "p99"]
     latency_keys = {

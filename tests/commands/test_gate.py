@@ -103,8 +103,8 @@ def test_json_has_the_documented_fields(db: str, capsys: pytest.CaptureFixture[s
     code = gate(db, "--before", "v1", "--after", "v3", "--format", "json")
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and doc["result"] == "fail"
-    assert doc["before"] == {"label": "v1", "requests": 4000}
-    assert doc["after"] == {"label": "v3", "requests": 4000}
+    assert doc["before"] == {"label": "v1", "requests": 4000, "estimated_requests": 4000}
+    assert doc["after"] == {"label": "v3", "requests": 4000, "estimated_requests": 4000}
     assert (doc["confidence"], doc["correction"]) == (0.95, "holm")
     for check in doc["checks"]:
         for key in ("name", "result", "observed", "budget", "ci_low", "ci_high", "samples"):
