@@ -43,21 +43,21 @@ TRAINING_REGRESSIONS: dict[str, TrainingProblem] = {
     for p in (
         TrainingProblem(
             "straggler",
-            "rank 1 computes 25 ms longer per forward (a slow GPU)",
+            "rank 1's device is slower: +15 ms forward, +30 ms backward per step",
             "straggler",
-            straggler_ms=25.0,
+            straggler_ms=15.0,
         ),
         TrainingProblem(
             "data",
-            "the dataset takes 0.8 ms per sample to load (slow decoding, no workers)",
+            "the dataset takes 3 ms per sample to load (slow decoding, no workers)",
             "data_loading",
-            data_ms_per_sample=0.8,
+            data_ms_per_sample=3.0,
         ),
         TrainingProblem(
             "comm",
-            "each gradient bucket's all-reduce takes 15 ms longer (a congested link)",
+            "each gradient bucket's all-reduce takes 30 ms longer (a congested link)",
             "communication",
-            comm_delay_ms=15.0,
+            comm_delay_ms=30.0,
         ),
         TrainingProblem("none", "the 2-rank run is the 1-rank run, twice", "none"),
     )

@@ -38,6 +38,17 @@ from tracekit.analysis.training.steps import load_run
 
 EFFICIENT = 0.9
 """Scaling efficiency at or above which nothing is named a bottleneck."""
+MAJORITY = 0.5
+"""A bottleneck must account for at least this share of the step-time growth."""
+
+
+def _significant(last: int, matched: int, world: int) -> bool:
+    """Whether ``last`` last arrivals of ``matched`` is more than chance (1/world) allows."""
+    if matched == 0 or world < 2:
+        return False
+    p = 1.0 / world
+    return last > matched * p + 3.0 * (matched * p * (1 - p)) ** 0.5
+
 
 FIXES: dict[str, str] = {
     DATA_LOADING: "feed the GPUs: more DataLoader workers (num_workers), pin_memory and "
@@ -164,7 +175,23 @@ def _verdict(
     # a share of the growth, the positive part
     grown = sum(v for v in shares.values() if v > 0)
     shares = {k: v / grown for k, v in shares.items()}
-    top = max(shares, key=lambda k: shares[k])
+    # A straggler is named only when one rank arrives last more often than chance
+    # (binomial, 3 sigma); ranks taking turns is jitter, spread over everyone.
+    candidates = dict(shares)
+    if not (
+        a.stragglers and _significant(a.stragglers[0].last_arrivals, a.collectives, a.world_size)
+    ):
+        candidates.pop(STRAGGLER, None)
+    top = max(candidates, key=lambda k: candidates[k])
+    if candidates[top] < MAJORITY:
+        return TrainingVerdict(
+            NONE,
+            f"{head}: {gain}; no single bottleneck — the lost time is spread over ranks and "
+            f"components (largest: {top.replace('_', ' ')}, {candidates[top]:.0%} of the growth)",
+            FIXES[NONE],
+            [],
+            shares,
+        )
     ranks: list[int] = []
     detail = ""
     if top == STRAGGLER and a.stragglers:
