@@ -47,7 +47,7 @@ def _significant(last: int, matched: int, world: int) -> bool:
     if matched == 0 or world < 2:
         return False
     p = 1.0 / world
-    return last > matched * p + 3.0 * (matched * p * (1 - p)) ** 0.5
+    return bool(last > matched * p + 3.0 * (matched * p * (1 - p)) ** 0.5)
 
 
 FIXES: dict[str, str] = {
