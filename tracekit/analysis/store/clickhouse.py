@@ -53,7 +53,12 @@ REQUIRED_COLUMNS: dict[str, str] = {
 }
 
 # ClickHouse escapes "/" in JSON by default; tracekit's JSON (and Python's) does not.
-_QUERY_SETTINGS = {"output_format_json_escape_forward_slashes": 0}
+_QUERY_SETTINGS = {
+    "output_format_json_escape_forward_slashes": 0,
+    # Columns repeated across spans (resource, names, enum values) leave as Arrow
+    # dictionaries: each distinct value crosses once per batch.
+    "output_format_arrow_low_cardinality_as_dictionary": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -249,10 +254,12 @@ def open_snapshot(url: StoreURL, selection: Selection | None = None) -> ClickHou
     store = ClickHouseSnapshot(con, url)
     try:
         check_table(client, url)
-        con.execute(schema_sql()).fetchall()
-        columns = [c for c in SPAN_COLUMNS if c in _PULLED]
-        select = ", ".join(f"CAST({c} AS {SPAN_TYPES[c]})" for c in columns)
-        insert = f"INSERT OR IGNORE INTO spans ({', '.join(columns)}) SELECT {select} FROM tk_pull"
+        # The snapshot's `spans` is created from the first batch without the primary key:
+        # rows arrive unique per (trace, span) (LIMIT 1 BY in ClickHouse), and keeping a
+        # DuckDB index up to date costs more than the whole pull.
+        select = ", ".join(
+            f"CAST({c if c in _PULLED else 'NULL'} AS {SPAN_TYPES[c]}) AS {c}" for c in SPAN_COLUMNS
+        )
         params = {**selection.parameters(), "source": f"clickhouse:{url.database}.{url.table}"}
         stream = client.query_arrow_stream(
             spans_query(url, selection), parameters=params, settings=_QUERY_SETTINGS
@@ -263,9 +270,15 @@ def open_snapshot(url: StoreURL, selection: Selection | None = None) -> ClickHou
                 store.pulled_bytes += batch.nbytes
                 con.register("tk_pull", batch)
                 try:
-                    con.execute(insert).fetchall()
+                    into = (
+                        "INSERT INTO spans"
+                        if store.pulled_rows > batch.num_rows
+                        else ("CREATE TABLE spans AS")
+                    )
+                    con.execute(f"{into} SELECT {select} FROM tk_pull").fetchall()
                 finally:
                     con.unregister("tk_pull")
+        con.execute(schema_sql()).fetchall()
     except (ClickHouseError, OSError) as exc:
         store.close()
         raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc

@@ -13,7 +13,7 @@ SELECT
     lower(TraceId) AS trace_id,
     lower(SpanId) AS span_id,
     if(ParentSpanId IN ('', '0000000000000000'), NULL, lower(ParentSpanId)) AS parent_span_id,
-    toString(SpanName) AS name,
+    toLowCardinality(toString(SpanName)) AS name,
     multiIf(upper(replaceRegexpOne(toString(SpanKind), '^SPAN_KIND_', '')) AS k IN
                 ('INTERNAL', 'SERVER', 'CLIENT', 'PRODUCER', 'CONSUMER'), k,
             'UNSPECIFIED') AS kind,
@@ -46,12 +46,12 @@ SELECT
             leftPad(rightPad(th, 14, '0'), 16, '0')))))),
         1.0) AS sample_weight,
     {span_attributes_json} AS attributes,
-    {resource_attributes_json} AS resource_attributes,
+    toLowCardinality({resource_attributes_json}) AS resource_attributes,
     concat('[', arrayStringConcat(arrayMap((lt, ls, la) -> concat(
         '{"trace_id":', toJSONString(lower(lt)), ',"span_id":', toJSONString(lower(ls)),
         ',"attributes":', {link_attributes_json}, '}'),
         Links.TraceId, Links.SpanId, Links.Attributes), ','), ']') AS links,
-    {source:String} AS source,
+    toLowCardinality({source:String}) AS source,
     TraceState AS trace_state
 FROM {table}
 WHERE TraceId != '' AND SpanId != '' AND ({trace_filter})
