@@ -117,3 +117,21 @@ def test_the_metrics_port_is_loopback_and_free_after_shutdown() -> None:
     tracekit.shutdown()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_autoscale_snippets_name_the_series_the_endpoint_exports() -> None:
+    from tracekit.analysis.autoscale import metric_queries as mq
+    from tracekit.analysis.autoscale import rules as sr
+
+    exported = set(PROMETHEUS_SERIES.values())
+    assert sr.METRIC_NAMES[sr.INFLIGHT] in exported
+    assert sr.METRIC_NAMES[sr.QUEUE_DEPTH] in exported
+    assert mq.HISTOGRAM in exported
+    rule = sr.ScalingRule(controller="HPA", name="ranker", metrics=(), target_ref="ranker")
+    keda = mq.keda_snippet(sr.INFLIGHT, 4.0, rule)
+    assert 'query: sum(tracekit_inflight{job="ranker"})' in keda
+    assert "metricType: AverageValue" in keda and 'threshold: "4"' in keda
+    assert mq.per_replica_promql(sr.INFLIGHT, "ranker") == 'avg(tracekit_inflight{job="ranker"})'
+    rate_rule = mq.adapter_rule(sr.REQUEST_RATE)
+    assert "http_server_request_duration_seconds_count" in rate_rule
+    assert sr.METRIC_NAMES[sr.REQUEST_RATE] in rate_rule

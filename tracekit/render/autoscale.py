@@ -177,7 +177,18 @@ def _recommendation_lines(r: AutoscaleResult) -> list[str]:
         lines.append(
             f"Ray Serve equivalent: target_ongoing_requests={rec.ray_serve['target_ongoing_requests']:g}"
         )
+    if rec.promql:
+        lines.append(f"Per-replica value the audit measured, in PromQL: {rec.promql}")
     return lines
+
+
+def _snippets(rec: Any) -> list[str]:
+    """Adapter rule + HPA, then the KEDA ScaledObject: both name the exported series."""
+    return [
+        s.rstrip()
+        for s in (rec.adapter_rule + rec.hpa_snippet, "# or, with KEDA:\n" + rec.keda_snippet)
+        if s.strip()
+    ]
 
 
 def render_table(r: AutoscaleResult) -> str:
@@ -199,7 +210,7 @@ def render_table(r: AutoscaleResult) -> str:
     parts.append(signals)
     parts += [Text(line) for line in _recommendation_lines(r)]
     if r.recommendation is not None:
-        parts.append(Text(r.recommendation.hpa_snippet.rstrip()))
+        parts += [Text(s) for s in _snippets(r.recommendation)]
     parts += [Text(f"note: {n}", style="dim") for n in r.notes]
     return rich_to_text(*parts)
 
@@ -210,7 +221,8 @@ def render_markdown(r: AutoscaleResult) -> str:
     out += ["Signals, best first:", "", markdown_table(*_signal_rows(r)), ""]
     out += _recommendation_lines(r)
     if r.recommendation is not None:
-        out += ["", "```yaml", r.recommendation.hpa_snippet.rstrip(), "```"]
+        for snippet in _snippets(r.recommendation):
+            out += ["", "```yaml", snippet, "```"]
     out += [f"> note: {n}" for n in r.notes]
     return "\n".join(out) + "\n"
 

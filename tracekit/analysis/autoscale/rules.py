@@ -51,14 +51,16 @@ SIGNAL_LABELS: Final[dict[str, str]] = {
 }
 
 METRIC_NAMES: Final[dict[str, str]] = {
-    INFLIGHT: "tracekit_inflight_requests",
+    INFLIGHT: "tracekit_inflight",
     QUEUE_DEPTH: "tracekit_queue_depth",
     REQUEST_RATE: "tracekit_requests_per_second",
-    LATENCY: "tracekit_request_latency_ms",
+    LATENCY: "tracekit_request_latency_p95_ms",
     GPU_UTILIZATION: "tracekit_gpu_utilization",
     CPU_UTILIZATION: "cpu",
 }
-"""Metric names the recommended HPA snippet uses (a Prometheus adapter exports them)."""
+"""Pods-metric names the recommended HPA snippet uses: the gauges exactly as
+``configure(metrics="prometheus")`` exports them; rate and p95 as prometheus-adapter
+serves them from ``http_server_request_duration_seconds`` (see ``metric_queries``)."""
 
 SIGNAL_ALIASES: Final[dict[str, str]] = {
     "cpu": CPU_UTILIZATION,

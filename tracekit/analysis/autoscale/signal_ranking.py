@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from tracekit.analysis.autoscale import metric_queries as mq
 from tracekit.analysis.autoscale import rules as sr
 from tracekit.analysis.autoscale.model import Slo, Window
 
@@ -91,6 +92,12 @@ class Recommendation:
     false_alarm_windows: int
     lead_windows: int | None
     """Recommended rule's first scale-up before (+) / after (−) the first violation."""
+    keda_snippet: str = ""
+    """The same rule as a KEDA ScaledObject with a Prometheus trigger."""
+    adapter_rule: str = ""
+    """The prometheus-adapter rule serving the HPA's Pods metric (empty for CPU)."""
+    promql: str = ""
+    """PromQL giving the per-replica value the audit measured, from the exported series."""
 
 
 def _ranks(a: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -358,4 +365,7 @@ def recommend(
         violating_windows=len(viol),
         false_alarm_windows=len(set(fired) & healthy),
         lead_windows=lead,
+        keda_snippet=mq.keda_snippet(best.name, target, rule),
+        adapter_rule=mq.adapter_rule(best.name),
+        promql=mq.per_replica_promql(best.name, rule.target_ref or "my-service"),
     )
