@@ -7,6 +7,7 @@ full-page screenshot is written to build/test-output/render/ (or $TRACEKIT_TEST_
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -47,6 +48,18 @@ Array.from(document.querySelectorAll('.chart[data-chart="waterfall"]')).map(func
 })
 """
 
+FITS_JS = """
+new Promise(function (done) {
+  window.dispatchEvent(new Event('beforeprint'));
+  setTimeout(function () {
+    done(Array.from(document.querySelectorAll('.chart')).map(function (g) {
+      var svg = g.querySelector('.main-svg').getBoundingClientRect();
+      return {svg_w: svg.width, svg_h: svg.height, box_h: g.getBoundingClientRect().height};
+    }));
+  }, 300);
+})
+"""
+
 
 def write(tmp_path: Path, argv: list[str]) -> Path:
     out = tmp_path / "page.html"
@@ -80,6 +93,22 @@ def test_report_opens_offline_with_every_chart_drawn(
     shot = browser.screenshot(session, artifacts / "report.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000
+
+    # Printable: at paper width with the print stylesheet, every chart refits and keeps
+    # the room it draws in (nothing below it is painted over); then Chromium prints it.
+    browser.call("Emulation.setEmulatedMedia", {"media": "print"}, session=session)
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 720, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+        session=session,
+    )
+    fits = browser.evaluate(session, FITS_JS)
+    assert fits and all(f["svg_w"] <= 720 and f["svg_h"] <= f["box_h"] for f in fits), fits
+    pdf = base64.b64decode(
+        browser.call("Page.printToPDF", {"printBackground": True}, session=session)["data"]
+    )
+    (artifacts / "report.pdf").write_bytes(pdf)
+    assert pdf[:5] == b"%PDF-" and pdf.count(b"/Type /Page") > 2
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,12 @@ class Page:
     def chart(self, kind: str, figure: dict[str, Any]) -> str:
         chart_id = f"chart-{len(self.figures) + 1}"
         self.figures[chart_id] = figure
-        return f'<div class="chart" id="{chart_id}" data-chart="{e(kind)}"></div>'
+        # The height is the figure's: a printed page must not collapse the box under it.
+        height = int(figure.get("layout", {}).get("height", 400))
+        return (
+            f'<div class="chart" id="{chart_id}" data-chart="{e(kind)}" '
+            f'style="height: {height}px"></div>'
+        )
 
     def section(self, section_id: str, heading: str, *body: str) -> None:
         inner = "".join(body)
@@ -112,7 +117,7 @@ class Page:
 
 
 # Draws every figure; marks the body when done so a reader (or a test) knows the page
-# is complete. Charts keep their width for print: the print stylesheet scales the page.
+# is complete; refits the charts to the paper's width when printed.
 _DRAW = """
 (function () {
   var figures = JSON.parse(document.getElementById('tracekit-figures').textContent);
@@ -125,6 +130,14 @@ _DRAW = """
   Promise.all(pending).then(function () {
     document.body.setAttribute('data-charts', String(pending.length));
   });
+  // Paper is narrower than the screen: refit every chart to the printed width, and back.
+  function refit() {
+    Object.keys(figures).forEach(function (id) {
+      Plotly.Plots.resize(document.getElementById(id));
+    });
+  }
+  window.addEventListener('beforeprint', refit);
+  window.addEventListener('afterprint', refit);
 })();
 """
 
