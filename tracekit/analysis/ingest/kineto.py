@@ -412,7 +412,9 @@ def _collectives(sink: EventSink, defaults: set[str]) -> list[_Collective]:
         )
         runs = sorted(sink.host_collectives, key=lambda o: o.start)
         # Gloo runs each collective on its own worker thread, in the order the caller
-        # issued them: the n-th call launched the n-th run.
+        # issued them: the n-th call launched the n-th run. The collective holds its
+        # caller from the call until the later of its end and the call's return (a
+        # busy host can return after the worker finished; DDP's hook sees the same).
         paired = len(calls) == len(runs)
         for n, run in enumerate(runs):
             backend, _, op = run.name.partition(":")
@@ -424,7 +426,7 @@ def _collectives(sink: EventSink, defaults: set[str]) -> list[_Collective]:
                 _Collective(
                     op=op_name(op),
                     launch=min(call.start, run.start) if call else run.start,
-                    end=run.end,
+                    end=max(run.end, call.end) if call else run.end,
                     group=_group(args, defaults),
                     backend=backend,
                     nbytes=_nbytes(args),
