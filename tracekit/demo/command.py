@@ -31,6 +31,7 @@ Example:
   tracekit demo --regression cache --keep demo-out
   tracekit demo --training --regression straggler
   tracekit demo --otlp-endpoint http://localhost:4318   # the same spans also go to Jaeger
+  tracekit demo --collect      # spans over OTLP into `tracekit collect`; metrics scraped
 """
 
 
@@ -82,6 +83,12 @@ def register(sub: Any) -> None:
         help="also send the spans to this OTLP/HTTP endpoint, e.g. Jaeger's http://localhost:4318",
     )
     parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="send the spans to a `tracekit collect` started for the run (OTLP/HTTP) and "
+        "scrape the ranker's Prometheus metrics once, e.g. tracekit demo --collect",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         default=None,
@@ -124,5 +131,6 @@ def run(args: argparse.Namespace) -> int:
             otlp_endpoint=args.otlp_endpoint,
             keep=args.keep,
             seed=args.seed,
+            collect=args.collect,
         )
     )

@@ -53,6 +53,8 @@ class DemoOptions:
     otlp_endpoint: str = ""
     keep: Path | None = None
     seed: int = 0
+    collect: bool = False
+    """Send the spans to a ``tracekit collect`` started for the run instead of files."""
 
 
 @dataclass
@@ -105,8 +107,15 @@ def run_release(
     otlp_endpoint: str = "",
     console: Console | None = None,
     on_started: Callable[[list[int]], None] | None = None,
+    ranker_env: dict[str, str] | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> ReleaseRun:
-    """Start pricing and ranker for ``label``, drive them, stop them; returns the traces."""
+    """Start pricing and ranker for ``label``, drive them, stop them; returns the traces.
+
+    ``ranker_env`` is added to the ranker's environment; ``before_stop`` runs after the
+    load, while both services still run (the demo scrapes the ranker's metrics there).
+    """
+    extra_env = ranker_env or {}
     console = console or stderr_console()
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -130,9 +139,10 @@ def run_release(
                     _release_env(label, regression, seed, pricing_file, otlp_endpoint)
                 )
             )
-            ranker_env = _release_env(label, regression, seed, ranker_file, otlp_endpoint)
-            ranker_env[env.ENV_DOWNSTREAM_URL] = pricing.url
-            ranker.start(child_environment(ranker_env))
+            ranker_vars = _release_env(label, regression, seed, ranker_file, otlp_endpoint)
+            ranker_vars[env.ENV_DOWNSTREAM_URL] = pricing.url
+            ranker_vars.update(extra_env)
+            ranker.start(child_environment(ranker_vars))
         pids = [p for p in (pricing.pid, ranker.pid) if p is not None]
         console.print(
             f"[bold]{label}[/]: {ranker.name} on {ranker.url} → {pricing.name} on {pricing.url}"
@@ -141,6 +151,8 @@ def run_release(
         if on_started is not None:
             on_started(pids)
         load = _drive(ranker.url + service.PREDICT_PATH, label, rate, duration_s, seed, console)
+        if before_stop is not None:
+            before_stop()
     finally:
         # Ranker first: its last downstream calls finish before pricing goes away.
         ranker.stop()
@@ -289,22 +301,51 @@ def run_demo(options: DemoOptions) -> int:
                 f"[bold]tracekit demo[/]: v1 = baseline, v2 = [bold]{regression.name}[/] "
                 f"({regression.description})"
             )
-            runs = [
-                run_release(
-                    workdir,
-                    label,
-                    name,
-                    rate=options.rate,
-                    duration_s=options.duration_s,
-                    seed=options.seed,
-                    otlp_endpoint=options.otlp_endpoint,
-                    console=console,
-                )
-                for label, name in ((BEFORE, ""), (AFTER, regression.name))
-            ]
+            scraped: list[str] = []
+            with contextlib.ExitStack() as stack:
+                endpoint, ranker_vars, scrape_v2 = options.otlp_endpoint, None, None
+                if options.collect:
+                    from tracekit.demo import collect_loop
+
+                    endpoint, collected = stack.enter_context(
+                        collect_loop.running_collector(db, workdir / "collect.log")
+                    )
+                    port = collect_loop.free_port()
+                    ranker_vars = collect_loop.metrics_env(port)
+                    console.print(f"spans go to [bold]tracekit collect[/] at {endpoint}")
+
+                    def scrape_v2() -> None:
+                        scraped.extend(collect_loop.metrics_lines(collect_loop.scrape(port)))
+
+                runs = [
+                    run_release(
+                        workdir,
+                        label,
+                        name,
+                        rate=options.rate,
+                        duration_s=options.duration_s,
+                        seed=options.seed,
+                        otlp_endpoint=endpoint,
+                        console=console,
+                        ranker_env=ranker_vars,
+                        before_stop=scrape_v2 if label == AFTER else None,
+                    )
+                    for label, name in ((BEFORE, ""), (AFTER, regression.name))
+                ]
+            if options.collect:
+                console.print(collected[-1] if collected else "tracekit collect stopped")
             analysed = time.monotonic()
             html = None if temporary else workdir / "report.html"
-            report(db, runs, regression, console, options.duration_s, html=html)
+            report(
+                db,
+                runs,
+                regression,
+                console,
+                options.duration_s,
+                html=html,
+                collected=options.collect,
+                scraped=scraped,
+            )
             console.print(
                 f"[dim]run time {time.monotonic() - began:.0f} s: "
                 + ", ".join(f"{r.label} {r.seconds:.0f} s" for r in runs)
@@ -326,14 +367,19 @@ def report(
     duration_s: float,
     *,
     html: Path | None = None,
+    collected: bool = False,
+    scraped: Sequence[str] = (),
 ) -> None:
     """Ingest both releases and print summary, diff, gate and autoscale, then the check;
-    with ``html``, also write the HTML report there and print its path."""
+    with ``html``, also write the HTML report there and print its path. ``collected``:
+    the store was filled by ``tracekit collect``; ``scraped`` is the ranker's metrics
+    endpoint in a few lines, printed beside the scaling recommendation."""
     files = [f for run in runs for f in run.trace_files]
-    with console.status("ingesting traces…"):
-        code = ingest(db, files)
-    if code != 0:
-        console.print(f"[yellow]tracekit ingest exited {code}; analysing what it stored[/]")
+    if not collected:
+        with console.status("ingesting traces…"):
+            code = ingest(db, files)
+        if code != 0:
+            console.print(f"[yellow]tracekit ingest exited {code}; analysing what it stored[/]")
     _heading(f"tracekit summary --version {AFTER}")
     tracekit_cli(["summary", "--version", AFTER, "--db", str(db)])
     _heading(f"tracekit diff --before {BEFORE} --after {AFTER}")
@@ -346,6 +392,9 @@ def report(
         f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
     )
     tracekit_cli(autoscale_argv(db, [BEFORE, AFTER], slo, window_for(duration_s)))
+    if scraped:
+        _heading(f"ranker {AFTER} metrics endpoint, scraped once (the series the snippets name)")
+        print("\n".join(scraped), flush=True)
     if html is not None:
         _heading(f"tracekit report --before {BEFORE} --after {AFTER} -o {html}")
         tracekit_cli(

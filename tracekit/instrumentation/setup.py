@@ -48,6 +48,10 @@ ENV_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 ENV_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 ENV_TRACES_FILE = "TRACEKIT_TRACES_FILE"
 """Where the file exporter writes when ``path`` is not given."""
+ENV_METRICS = "TRACEKIT_METRICS"
+"""``prometheus`` or ``otlp``: export metrics when ``configure(metrics=...)`` is not given."""
+ENV_METRICS_PORT = "TRACEKIT_METRICS_PORT"
+"""Port of the Prometheus endpoint when ``metrics_port`` is not given (else 9464)."""
 
 DEFAULT_TRACES_FILE = "traces.jsonl"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
@@ -286,7 +290,7 @@ def configure(
     sample_ratio: float = 1.0,
     set_global: bool = True,
     metrics: str | None = None,
-    metrics_port: int = 9464,
+    metrics_port: int | None = None,
 ) -> TracerProvider:
     """Set up tracing for this process; calling it again with the same values does nothing.
 
@@ -305,6 +309,8 @@ def configure(
     """
     if not 0.0 < sample_ratio <= 1.0:
         raise ConfigError(f"configure(): sample_ratio must be in (0, 1], got {sample_ratio!r}")
+    metrics = metrics or os.environ.get(ENV_METRICS) or None
+    metrics_port = _metrics_port(metrics_port)
     attrs = _resource_attributes(service_name, service_version, instance_id, resource_attributes)
     specs = _exporter_names(exporter, path, endpoint)
     key = (
@@ -345,6 +351,16 @@ def configure(
         RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
         return provider
+
+
+def _metrics_port(port: int | None) -> int:
+    if port is not None:
+        return port
+    raw = os.environ.get(ENV_METRICS_PORT, "").strip()
+    try:
+        return int(raw) if raw else 9464
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_METRICS_PORT}={raw!r}: expected a port number") from exc
 
 
 def _start_metrics(mode: str | None, port: int, attrs: dict[str, Any], endpoint: str | None) -> Any:
