@@ -53,9 +53,11 @@ class Recorder:
         self._reset()
 
     def _reset(self) -> None:
-        # deque.append and popleft are atomic: the request path takes no lock
-        self._queue: collections.deque[Buildable] = collections.deque()
-        self._wake_at = self.capacity // 2
+        # deque.append and popleft are atomic: the request path takes no lock. The
+        # same deque object always (FastSpan.end appends to it directly).
+        if not hasattr(self, "queue"):
+            self.queue: collections.deque[Buildable] = collections.deque()
+        self.queue.clear()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one builder at a time keeps export order = end order
@@ -65,17 +67,18 @@ class Recorder:
 
     # --- request path -----------------------------------------------------------
     def put(self, span: Buildable) -> None:
-        """Hand over an ended span; never blocks, never raises."""
-        queue = self._queue
-        n = len(queue)
-        if n >= self.capacity:
-            self._drop()
-            return
-        queue.append(span)
-        if n >= self._wake_at and not self._wake.is_set():
-            self._wake.set()  # filling up: build now rather than at the next tick
+        """Hand over an ended span; never blocks, never raises.
 
-    def _drop(self) -> None:
+        The drainer is not woken: at one look every :data:`DRAIN_INTERVAL_S` the
+        buffer holds more than a second of any Python service's spans.
+        """
+        if len(self.queue) < self.capacity:
+            self.queue.append(span)
+        else:
+            self.drop()
+
+    def drop(self) -> None:
+        """Count one span that found the buffer full (the first one is logged)."""
         self.dropped += 1  # racy under threads by design: a count, not a ledger
         if not self._warned:
             self._warned = True
@@ -100,8 +103,7 @@ class Recorder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            self._wake.wait(self.interval_s)  # set only to stop
             self.drain()
 
     def drain(self) -> int:
@@ -115,7 +117,7 @@ class Recorder:
         done = 0
         deadline = 0.0
         with self._lock:
-            queue = self._queue
+            queue = self.queue
             while queue:
                 for _ in range(CHUNK):
                     try:
@@ -154,7 +156,7 @@ class Recorder:
     @property
     def pending(self) -> int:
         """Spans ended and not yet built."""
-        return len(self._queue)
+        return len(self.queue)
 
     def _after_fork_in_child(self) -> None:
         running = self._thread is not None

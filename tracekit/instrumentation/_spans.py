@@ -55,7 +55,7 @@ _RANDOM = int(TraceFlags.RANDOM_TRACE_ID)
 _INVALID = trace.INVALID_SPAN
 _bits = random.getrandbits
 _time_ns = time.time_ns
-_put = RECORDER.put
+_QUEUE = RECORDER.queue  # the same deque for the life of the process (cleared at fork)
 _STATE = setup._STATE  # mutated by configure(), never replaced
 
 # --- the OTel context, without the API's indirections ------------------------------
@@ -87,8 +87,15 @@ else:  # pragma: no cover - a custom OTEL_PYTHON_CONTEXT runtime
         otel_context.detach(token)
 
 
+_DEFAULT_OPTS = (True, True)  # (record_exception, set_status_on_exception)
+
+
 def _new_span_id() -> int:
     return _bits(64) or _bits(64) or 1
+
+
+def _custom_span_id(sink: _Sink) -> int:
+    return int(sink.tracer.id_generator.generate_span_id())
 
 
 class _Sink:
@@ -111,23 +118,35 @@ class _Sink:
 
 
 class FastSpan(trace.Span):
-    """A span recorded as plain fields and built into an SDK span after it ends."""
+    """A span recorded as plain fields and built into an SDK span after it ends.
+
+    ``_trace`` is ``(trace_id, trace flags, trace state)``, shared with its children.
+    The ``_owner`` … ``_cpu0`` slots belong to the ``stage()`` context manager that
+    opened it (see :mod:`.stages`), so that an open stage needs no second object.
+    """
 
     __slots__ = (
-        "_sink", "_name", "_kind", "_trace_id", "_span_id", "_flags", "_trace_state",
-        "_parent", "_pctx", "_attrs", "_links", "_start", "_end", "_ctx",
-        "_sets", "_events", "_status", "_more_links", "_rename", "_exc_opts",
+        "_sink", "_name", "_kind", "_span_id", "_trace", "_parent", "_pctx", "_attrs",
+        "_links", "_start", "_end", "_sets", "_exc_opts", "_owner", "_token", "_tid", "_cpu0",
     )  # fmt: skip
+    _token: object
+    _tid: int | None
+    _cpu0: int
+    # Rarely set, so class-level defaults (in the instance dict once set) rather than
+    # slots that every span would have to fill on the request path.
+    _ctx: SpanContext | None = None
+    _events: list[tuple[str, Any, int]] | None = None
+    _status: list[tuple[Any, str | None]] | None = None
+    _more_links: list[tuple[SpanContext, Any]] | None = None
+    _rename: str | None = None
 
     def __init__(
         self,
         sink: _Sink,
         name: str,
         kind: SpanKind,
-        trace_id: int,
         span_id: int,
-        flags: int,
-        trace_state: Any,
+        trace_: tuple[int, int, Any],
         parent: FastSpan | SpanContext | None,
         pctx: Context | None,
         attributes: Mapping[str, Any] | None,
@@ -135,18 +154,13 @@ class FastSpan(trace.Span):
         start_time: int | None,
         exc_opts: tuple[bool, bool],
     ) -> None:
-        self._sink, self._name, self._kind = sink, name, kind
-        self._trace_id, self._span_id, self._flags = trace_id, span_id, flags
-        self._trace_state, self._parent, self._pctx = trace_state, parent, pctx
+        self._sink, self._name, self._kind, self._span_id = sink, name, kind, span_id
+        self._trace, self._parent, self._pctx = trace_, parent, pctx
         self._attrs, self._links, self._exc_opts = attributes, links, exc_opts
         self._start = start_time if start_time is not None else _time_ns()
         self._end: int | None = None
-        self._ctx: SpanContext | None = None
         self._sets: list[tuple[str, Any]] | None = None
-        self._events: list[tuple[str, Any, int]] | None = None
-        self._status: list[tuple[Any, str | None]] | None = None
-        self._more_links: list[tuple[SpanContext, Any]] | None = None
-        self._rename: str | None = None
+        self._owner: object = None
 
     def __repr__(self) -> str:
         return f"FastSpan(name={self._name!r}, span_id={self._span_id:016x})"
@@ -155,12 +169,13 @@ class FastSpan(trace.Span):
     def get_span_context(self) -> SpanContext:
         ctx = self._ctx
         if ctx is None:
+            trace_id, flags, state = self._trace
             ctx = self._ctx = SpanContext(
-                self._trace_id,
+                trace_id,
                 self._span_id,
                 is_remote=False,
-                trace_flags=TraceFlags(self._flags),
-                trace_state=self._trace_state,
+                trace_flags=TraceFlags(flags),
+                trace_state=state,
             )
         return ctx
 
@@ -231,7 +246,11 @@ class FastSpan(trace.Span):
     def end(self, end_time: int | None = None) -> None:
         if self._end is None:
             self._end = end_time if end_time is not None else _time_ns()
-            _put(self)
+            # RECORDER.put, inlined: this is every span's last step on the request path
+            if len(_QUEUE) < RECORDER.capacity:
+                _QUEUE.append(self)
+            else:
+                RECORDER.drop()
 
     # --- off the request path ----------------------------------------------------------
     def _build(self) -> None:
@@ -340,39 +359,36 @@ class FastTracer(trace.Tracer):
         if sink is None:
             return _INVALID
         ctx = current_context() if context is None else context
-        parent = ctx.get(_SPAN_KEY)
+        parent: Any = ctx.get(_SPAN_KEY)
+        opts = _DEFAULT_OPTS if record_exception and set_status_on_exception else (
+            record_exception, set_status_on_exception)  # fmt: skip
         if sink.follows_parent and parent is not None:
-            if type(parent) is FastSpan and parent._flags & _SAMPLED:
-                return FastSpan(
-                    sink, name, kind, parent._trace_id,
-                    _bits(64) or _new_span_id() if sink.random_ids else sink.tracer.id_generator.generate_span_id(),
-                    parent._flags, parent._trace_state, parent, ctx, attributes, links,
-                    start_time, (record_exception, set_status_on_exception),
-                )  # fmt: skip
-            psc: SpanContext = parent.get_span_context()  # type: ignore[attr-defined]
-            if psc.is_valid:
-                flags = int(psc.trace_flags)
-                if not flags & _SAMPLED:
+            span_id = (_bits(64) or _new_span_id()) if sink.random_ids else _custom_span_id(sink)
+            if type(parent) is FastSpan:
+                if parent._trace[1] & _SAMPLED:
+                    return FastSpan(
+                        sink, name, kind, span_id, parent._trace, parent, ctx, attributes,
+                        links, start_time, opts,
+                    )  # fmt: skip
+            else:
+                # SpanContext is a tuple: (trace_id, span_id, is_remote, flags, state, is_valid);
+                # indexing it skips five property calls on the hot path
+                psc: Any = parent.get_span_context()
+                if psc[5]:
+                    flags = psc[3]
+                    if flags & _SAMPLED:
+                        return FastSpan(
+                            sink, name, kind, span_id,
+                            (psc[0], _SAMPLED | (flags & _RANDOM), psc[4]), psc, ctx,
+                            attributes, links, start_time, opts,
+                        )  # fmt: skip
                     # parent not sampled: neither is this, and nothing is recorded
                     return NonRecordingSpan(
-                        SpanContext(
-                            psc.trace_id,
-                            sink.tracer.id_generator.generate_span_id(),
-                            is_remote=False,
-                            trace_flags=TraceFlags(flags & _RANDOM),
-                            trace_state=psc.trace_state,
-                        )
+                        SpanContext(psc[0], span_id, False, TraceFlags(flags & _RANDOM), psc[4])
                     )
-                return FastSpan(
-                    sink, name, kind, psc.trace_id,
-                    _bits(64) or _new_span_id() if sink.random_ids else sink.tracer.id_generator.generate_span_id(),
-                    _SAMPLED | (flags & _RANDOM), psc.trace_state, psc, ctx, attributes, links,
-                    start_time, (record_exception, set_status_on_exception),
-                )  # fmt: skip
         return self._ask_sampler(
-            sink, name, context, ctx, parent, kind, attributes, links, start_time,
-            (record_exception, set_status_on_exception),
-        )  # fmt: skip
+            sink, name, context, ctx, parent, kind, attributes, links, start_time, opts
+        )
 
     def _ask_sampler(
         self,
@@ -408,7 +424,7 @@ class FastTracer(trace.Tracer):
         if type(parent) is not FastSpan:
             parent = psc
         return FastSpan(
-            sink, name, kind, trace_id, span_id, flags, result.trace_state, parent, ctx,
+            sink, name, kind, span_id, (trace_id, flags, result.trace_state), parent, ctx,
             result.attributes, links, start_time, exc_opts,
         )  # fmt: skip
 

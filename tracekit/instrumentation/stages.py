@@ -29,11 +29,18 @@ from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
-from tracekit.instrumentation._spans import FAST_PROVIDER, attach_span, detach
+from tracekit.instrumentation._spans import (
+    FAST_PROVIDER,
+    FastSpan,
+    attach_span,
+    current_context,
+    detach,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +49,7 @@ _TRACER = FAST_PROVIDER.get_tracer("tracekit.stages")
 _INVALID = trace.INVALID_SPAN
 _thread_time = time.thread_time_ns
 _get_ident = threading.get_ident
+_CPU_TIME_NS = c.CPU_TIME_NS
 
 
 def record_error(span: trace.Span, exc: BaseException) -> None:
@@ -143,7 +151,10 @@ class Stage:
             _guard.report("stage end", err, self.name)
 
     # --- with / async with ---------------------------------------------------------
-    # The with-form is the hot one: _start/_pop/_finish are inlined here on purpose.
+    # The with-form is the hot one, so it is written out rather than shared. A stage
+    # that records is a FastSpan, current in the OTel context until exit: its own slots
+    # hold what exit needs, and exit finds it as the current span. Anything else (not
+    # configured, parent not sampled) keeps an _Entry on the _OPEN stack instead.
     def __enter__(self) -> trace.Span:
         try:
             span = _TRACER.start_span(self.name, attributes=self.attributes)
@@ -151,8 +162,37 @@ class Stage:
         except Exception as exc:
             _guard.report("stage start", exc, self.name)
             span, token = _INVALID, None
-        _OPEN.set(_Entry(self, span, token, _thread_time(), _OPEN.get()))
+        if type(span) is FastSpan:
+            span._owner, span._token, span._tid = self, token, _get_ident()
+            span._cpu0 = _thread_time()
+        else:
+            _OPEN.set(_Entry(self, span, token, _thread_time(), _OPEN.get()))
         return span
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span = current_context().get(_SPAN_KEY)
+        if type(span) is FastSpan and span._owner is self:
+            cpu = _thread_time() - span._cpu0
+            try:
+                span._owner = None
+                detach(span._token)
+                span._token = None  # the buffer must not keep the context alive
+                if span._tid == _get_ident():  # set_attribute, inlined
+                    if span._sets is None:
+                        span._sets = [(_CPU_TIME_NS, cpu)]
+                    else:
+                        span._sets.append((_CPU_TIME_NS, cpu))
+                if exc is not None:
+                    record_error(span, exc)
+                span.end()
+            except Exception as err:
+                _guard.report("stage end", err, self.name)
+            return
+        entry = self._pop()
+        if entry is None:
+            return
+        entry_cpu = _thread_time() - entry.cpu0 if entry.tid == _get_ident() else None
+        self._finish(entry.span, entry.token, exc, entry_cpu)
 
     def _pop(self) -> _Entry | None:
         """This stage's open entry, taken off the stack; None (reported) if it is not on top."""
@@ -165,31 +205,21 @@ class Stage:
         _OPEN.set(entry.prev)
         return entry
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        entry = _OPEN.get()
-        if entry is None or entry.owner is not self:
-            self._pop()  # reports the mismatch
-            return
-        cpu = _thread_time() - entry.cpu0
-        _OPEN.set(entry.prev)
-        span = entry.span
-        try:
-            if entry.token is not None:
-                detach(entry.token)
-            if entry.tid == _get_ident():
-                span.set_attribute(c.CPU_TIME_NS, cpu)
-            if exc is not None:
-                record_error(span, exc)
-            span.end()
-        except Exception as err:
-            _guard.report("stage end", err, self.name)
-
     async def __aenter__(self) -> trace.Span:
         span, token = self._start()
-        _OPEN.set(_Entry(self, span, token, -1, _OPEN.get()))
+        if type(span) is FastSpan:
+            span._owner, span._token, span._tid = self, token, None  # no CPU time: see above
+        else:
+            _OPEN.set(_Entry(self, span, token, -1, _OPEN.get()))
         return span
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span = current_context().get(_SPAN_KEY)
+        if type(span) is FastSpan and span._owner is self:
+            span._owner = None
+            token, span._token = span._token, None
+            self._finish(span, token, exc, None)
+            return
         entry = self._pop()
         if entry is None:
             return
