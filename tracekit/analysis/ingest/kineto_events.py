@@ -108,48 +108,68 @@ class EventSink:
         """Events without usable times (metadata and footer events excluded)."""
 
     def add(self, ev: Any) -> None:
+        # Most events are host ops tracekit does not keep: decide from ``cat`` and the
+        # name before converting any time (this loop is most of the ingest's cost).
         if type(ev) is not dict or ev.get("ph") != "X":
             return
+        cat = ev.get("cat")
+        if cat in DEVICE_CATS:
+            times = self._times(ev)
+            if times is not None:
+                self._device(str(ev.get("name")), cat, times[0], times[1], _args(ev))
+            return
+        if cat in _DEVICE_SIDE:
+            return
+        args = _args(ev)
+        pid = ev.get("pid")
+        self.pids[pid] = self.pids.get(pid, 0) + 1
+        corr = args.get("correlation")
+        if type(corr) is int and corr > 0:
+            times = self._times(ev)
+            if times is not None:
+                self.host_corr.append(corr)
+                self.host_ts.append(times[0])
+        if cat == "cuda_runtime" or cat == "cuda_driver":
+            return
+        name = ev.get("name")
+        if not isinstance(name, str):
+            return
+        if cat == "cpu_op":
+            if not name.startswith(("c10d::", "record_param_comms")):
+                return
+            kept = "launch"
+        elif (m := STEP_NAME.fullmatch(name)) is not None:
+            kept = "step"
+        elif (stage := stage_of(name)) is not None:
+            kept = "stage"
+        elif _HOST_COLLECTIVE.match(name):
+            kept = "collective"
+        elif name.startswith(("c10d::", "record_param_comms")):
+            kept = "launch"
+        else:
+            return
+        times = self._times(ev)
+        if times is None:
+            return
+        iv = Interval(name, times[0], times[1], ev.get("tid"), args)
+        if kept == "step":
+            self.steps.append((int(m.group(1)), iv))  # type: ignore[union-attr]
+        elif kept == "stage":
+            self.stages.append((stage, iv))  # type: ignore[arg-type]
+        elif kept == "collective":
+            self.host_collectives.append(iv)
+        else:
+            self.launches.append(iv)
+
+    def _times(self, ev: dict[str, Any]) -> tuple[int, int] | None:
         start = us_to_ns(ev.get("ts"))
         dur = us_to_ns(ev.get("dur", 0))
         if start is None or dur is None:
             self.skipped += 1
-            return
+            return None
         if self.first_ns is None or start < self.first_ns:
             self.first_ns = start
-        cat = ev.get("cat")
-        name = ev.get("name")
-        if not isinstance(name, str):
-            name = str(name)
-        args = ev.get("args")
-        if type(args) is not dict:
-            args = {}
-        end = start + max(dur, 0)
-        if cat in DEVICE_CATS:
-            self._device(name, cat, start, end, args)
-            return
-        if cat in _DEVICE_SIDE:
-            return
-        corr = args.get("correlation")
-        if type(corr) is int and corr > 0:
-            self.host_corr.append(corr)
-            self.host_ts.append(start)
-        pid = ev.get("pid")
-        self.pids[pid] = self.pids.get(pid, 0) + 1
-        if cat == "cuda_runtime" or cat == "cuda_driver":
-            return
-        tid = ev.get("tid")
-        m = STEP_NAME.fullmatch(name)
-        if m:
-            self.steps.append((int(m.group(1)), Interval(name, start, end, tid)))
-            return
-        stage = stage_of(name)
-        if stage is not None:
-            self.stages.append((stage, Interval(name, start, end, tid)))
-        elif _HOST_COLLECTIVE.match(name):
-            self.host_collectives.append(Interval(name, start, end, tid, args))
-        elif name == "record_param_comms" or name.startswith("c10d::"):
-            self.launches.append(Interval(name, start, end, tid, args))
+        return start, start + max(dur, 0)
 
     def _device(self, name: str, cat: str, start: int, end: int, args: dict[str, Any]) -> None:
         stream = args.get("stream")
@@ -173,3 +193,8 @@ class EventSink:
     def main_pid(self) -> Any:
         """The host process most events came from."""
         return max(self.pids, key=lambda p: self.pids[p]) if self.pids else None
+
+
+def _args(ev: dict[str, Any]) -> dict[str, Any]:
+    args = ev.get("args")
+    return args if type(args) is dict else {}
