@@ -106,7 +106,7 @@ class Recorder:
             self._wake.wait(self.interval_s)  # set only to stop
             self.drain()
 
-    def drain(self) -> int:
+    def drain(self, max_wait_s: float = MAX_PACE_S) -> int:
         """Build every span ended so far, in end order; returns how many.
 
         Built spans go into the exporters' batch queues, which are much smaller than
@@ -132,7 +132,7 @@ class Recorder:
                         _guard.logger.debug("tracekit: building a span failed: %r", exc)
                     done += 1
                 if queue and self.backlog is not None and self.backlog() > 0.5:
-                    deadline = deadline or time.monotonic() + MAX_PACE_S
+                    deadline = deadline or time.monotonic() + max_wait_s
                     while self.backlog() > 0.25 and time.monotonic() < deadline:
                         time.sleep(0.002)  # lets the exporters' threads run
         return done
@@ -143,7 +143,7 @@ class Recorder:
         if error is not None:
             _guard.report("span export (building spans)", error)
 
-    def stop(self) -> None:
+    def stop(self, max_wait_s: float = MAX_PACE_S) -> None:
         """Drain what is left and stop the thread (``shutdown()``)."""
         self._stop.set()
         self._wake.set()
@@ -151,7 +151,7 @@ class Recorder:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
         self._thread = None
-        self.drain()
+        self.drain(max_wait_s)
 
     @property
     def pending(self) -> int:

@@ -37,6 +37,7 @@ from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 from tracekit.instrumentation._recorder import RECORDER
 from tracekit.instrumentation.exporters import ExportPipeline, OTLPJsonFileExporter, quiet_repeats
+from tracekit.instrumentation.job import job_resource
 
 # --- environment: each variable declared once ----------------------------------
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
@@ -165,6 +166,7 @@ def _resource_attributes(
     attrs.update(_parse_resource_env(os.environ.get(ENV_RESOURCE_ATTRIBUTES, "")))
     if os.environ.get(ENV_SERVICE_NAME, "").strip():
         attrs[c.SERVICE_NAME] = os.environ[ENV_SERVICE_NAME].strip()
+    attrs.update(job_resource())  # tracekit.rank etc. in a training job; nothing otherwise
     attrs.update(extra or {})
     for key, value in (
         (c.SERVICE_NAME, service_name),
@@ -408,7 +410,7 @@ def shutdown(timeout_s: float = 5.0) -> None:
     from tracekit.instrumentation import sampler
 
     sampler.stop()
-    RECORDER.stop()
+    RECORDER.stop(timeout_s / 2)  # half the budget for building, half for exporting
     _close(timeout_s)
     RECORDER.check()
 
@@ -424,7 +426,7 @@ def _close(timeout_s: float) -> None:
     if provider is None:
         return
     # spans that ended under this provider are built into it before its exporters close
-    RECORDER.drain()
+    RECORDER.drain(timeout_s / 2)
     if RECORDER.dropped:
         _guard.logger.warning(
             "tracekit: %d spans were dropped before export because the span buffer was full.",
