@@ -209,3 +209,24 @@ def test_sync_run_batch_cpu_time_reaches_every_member_model_execute_span(spans):
         cpu = m.attributes[c.CPU_TIME_NS]
         assert cpu >= 3_000_000
         assert cpu < m.end_time - m.start_time  # the 10 ms sleep is not CPU
+
+
+def test_every_member_model_execute_says_how_device_time_was_taken(spans):
+    """Issue 9: on a CPU-only machine the members' spans had no tracekit.gpu.sync."""
+
+    def with_model_execution(xs: list[int]) -> list[int]:
+        with tracekit.model_execution():  # no CUDA here: sync "none"
+            return list(xs)
+
+    def without(xs: list[int]) -> list[int]:
+        return list(xs)
+
+    for run_batch in (with_model_execution, without):
+        spans.clear()
+        batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=1.0)
+        assert _submit_all(batcher, range(2)) == [0, 1]
+        members = [s for s in spans.named(c.MODEL_EXECUTE) if c.BATCH_ID in s.attributes]
+        assert len(members) == 2
+        for m in members:
+            assert m.attributes[c.GPU_SYNC] == c.SYNC_NONE
+            assert c.GPU_TIME_NS not in m.attributes

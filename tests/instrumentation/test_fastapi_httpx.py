@@ -289,3 +289,25 @@ def test_a_request_after_shutdown_starts_no_sampler_thread():
     assert len(servers) == 3
     assert all(c.INFLIGHT in s.attributes for s in servers)
     assert all(c.CPU_UTILIZATION not in s.attributes for s in servers)
+
+
+def test_the_first_request_after_start_up_carries_cpu_utilization(spans):
+    """Issue 9: requests served before the sampler's first window closed had no reading."""
+    sampler.stop()
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"ok": True}
+
+    tracekit.instrument_fastapi(app, sample_interval_s=60.0)  # no window closes in this test
+
+    async def first_request() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            return await client.get("/ping")
+
+    assert asyncio.run(first_request()).json() == {"ok": True}
+    (server,) = [s for s in spans.all() if s.kind is SpanKind.SERVER]
+    assert 0.0 <= server.attributes[c.CPU_UTILIZATION] <= 1.0
+    sampler.stop()

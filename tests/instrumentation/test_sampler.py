@@ -153,3 +153,20 @@ def test_the_variable_states_the_request_when_no_argument_does(monkeypatch):
     tracekit.instrument_fastapi(FastAPI())
     running = sampler.current()
     assert running is not None and running.request == 0.25
+
+
+def test_a_started_sampler_has_a_reading_before_its_first_window_closes():
+    """Issue 9: the first requests after start-up carried no tracekit.cpu.utilization."""
+    s = ResourceSampler(interval_s=60.0)  # no window closes during this test
+    try:
+        s.start()
+        assert s.cpu is not None and 0.0 <= s.cpu <= 1.0
+    finally:
+        s.stop()
+
+
+def test_fake_clocks_get_no_first_reading_until_a_window_closes():
+    clocks = FakeClocks()
+    s = _sampler(clocks, cores=1.0)
+    s.first_reading()
+    assert s.cpu is None  # the start-up window is measured on the real clocks only
