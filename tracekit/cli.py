@@ -70,7 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except TracekitError as exc:
-        print(f"tracekit {args.command}: error: {exc}", file=sys.stderr)
+        cause = exc.__cause__
+        if cause is not None and _is_database_error(cause):
+            _store_unreadable(args, cause)
+        else:
+            print(f"tracekit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tracekit {args.command}: interrupted", file=sys.stderr)
@@ -78,17 +82,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A database error is an input problem (a damaged or foreign store), never a
         # verdict: exit 1 would read as "the gate failed" in CI.
-        import duckdb
-
-        if not isinstance(exc, duckdb.Error):
+        if not _is_database_error(exc):
             raise
-        print(
-            f"tracekit {args.command}: error: the store {getattr(args, 'db', '')} could not be "
-            f"read ({type(exc).__name__}: {str(exc).splitlines()[0]}); re-create it with "
-            "`tracekit ingest`",
-            file=sys.stderr,
-        )
+        _store_unreadable(args, exc)
         return 2
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    # The store package names the database's exceptions, so duckdb is imported there only.
+    try:
+        from tracekit.analysis.store import DatabaseError
+    except ImportError:
+        return False
+    return isinstance(exc, DatabaseError)
+
+
+def _store_unreadable(args: argparse.Namespace, exc: BaseException) -> None:
+    print(
+        f"tracekit {args.command}: error: the store {getattr(args, 'db', '')} could not be "
+        f"read ({type(exc).__name__}: {_one_line(exc)}); re-create it with `tracekit ingest`",
+        file=sys.stderr,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first non-empty line: a database error quotes the whole query after it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

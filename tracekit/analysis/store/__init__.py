@@ -22,6 +22,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 DEFAULT_DB = "tracekit.duckdb"
 
+DatabaseError = duckdb.Error
+"""What the database raises; the only name outside this package that stands for it, so
+callers translate it (``raise QueryError(...) from exc``) without importing duckdb."""
+
 SPAN_COLUMNS: tuple[str, ...] = (
     "trace_id",
     "span_id",
