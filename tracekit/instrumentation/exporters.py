@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -162,28 +163,42 @@ def encode_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 class OTLPJsonFileExporter(SpanExporter):
-    """Appends each export as one OTLP-JSON line to ``path`` (created with its folders)."""
+    """Appends each export as one OTLP-JSON line to ``path`` (created with its folders).
+
+    Each line is one ``write`` on an ``O_APPEND`` descriptor, so the worker processes
+    of one service (forked after ``configure()``, or each configured on its own) can
+    share one file without interleaving their lines.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._file: Any = None
+        self._fd: int | None = None
         self._closed = False
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork_in_child)
+            os.register_at_fork(after_in_child=lambda: _call(ref))
+
+    def _after_fork_in_child(self) -> None:
+        # the parent's export thread may have held the lock at the fork; the
+        # descriptor stays valid and shared, appends stay whole lines
+        self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
         line = json.dumps(encode_otlp_json(spans), separators=(",", ":"), allow_nan=False)
+        data = memoryview((line + "\n").encode("utf-8"))
         with self._lock:
             if self._closed:
                 return SpanExportResult.FAILURE
             try:
-                if self._file is None:
+                if self._fd is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = self.path.open("a", encoding="utf-8")
-                # one write per line, flushed, so a reader never sees half a line
-                self._file.write(line + "\n")
-                self._file.flush()
+                    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+                    self._fd = os.open(self.path, flags, 0o644)
+                while data:  # a regular file takes it in one write unless the disk is full
+                    data = data[os.write(self._fd, data) :]
             except OSError as exc:
                 logger.warning("tracekit: cannot write traces to %s: %s", self.path, exc)
                 return SpanExportResult.FAILURE
@@ -192,12 +207,18 @@ class OTLPJsonFileExporter(SpanExporter):
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def _call(ref: weakref.WeakMethod[Any]) -> None:
+    method = ref()
+    if method is not None:
+        method()
 
 
 # --- export pipeline -------------------------------------------------------------
