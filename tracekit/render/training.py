@@ -69,11 +69,19 @@ def _run_lines(run: RunSteps, md: bool) -> list[str]:
     lines = [("### " if md else "") + head, ""]
     lines += _table(["component", "mean per step", "share"], comp_rows, md)
     lines.append("")
-    lines += _table(
-        ["rank", "host", "step p50", "data wait", "compute", "comm exposed", "peer wait", "last"],
-        rank_rows,
-        md,
-    )
+    headers = ["rank", "host", "step p50", "data wait", "compute", "comm exposed", "peer wait"]
+    headers.append("last")
+    if any(r.gpu_idle_pct is not None for r in run.ranks):
+        # profiled runs: each rank's GPU time line (HTA's temporal breakdown, overlap)
+        headers += ["GPU idle", "GPU compute", "GPU non-compute", "comm overlap"]
+        for row, r in zip(rank_rows, run.ranks, strict=True):
+            row += [
+                pct(_frac(r.gpu_idle_pct), 1),
+                pct(_frac(r.gpu_compute_pct), 1),
+                pct(_frac(r.gpu_non_compute_pct), 1),
+                pct(_frac(r.comm_overlap_pct), 1),
+            ]
+    lines += _table(headers, rank_rows, md)
     if run.stragglers and run.world_size > 1:
         lines.append("")
         lines.append(

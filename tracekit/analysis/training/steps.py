@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -35,6 +35,7 @@ from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution.per_request import fetch_spans, json_path, trace_input
 from tracekit.analysis.store import Store
+from tracekit.analysis.training.gpu import rank_gpu_breakdown
 from tracekit.analysis.training.model import (
     COMPONENT_ORDER,
     COMPUTE_STAGES,
@@ -180,7 +181,22 @@ def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
         rs.samples = samples
         rank_steps.append(rs)
     world = max([r[7] or 0 for r in roots] + [len(set(ranks.values()))])
-    return _summarise(label, world, rank_steps, warmup)
+    run = _summarise(label, world, rank_steps, warmup)
+    # Profiled runs (Kineto files) also have each rank's GPU time line.
+    gpu = rank_gpu_breakdown(store, label)
+    run.ranks = [
+        replace(
+            r,
+            gpu_idle_pct=gpu[r.rank].gpu_idle_pct,
+            gpu_compute_pct=gpu[r.rank].gpu_compute_pct,
+            gpu_non_compute_pct=gpu[r.rank].gpu_non_compute_pct,
+            comm_overlap_pct=gpu[r.rank].comm_overlap_pct,
+        )
+        if r.rank in gpu
+        else r
+        for r in run.ranks
+    ]
+    return run
 
 
 def _ranks(roots: list[tuple[Any, ...]]) -> dict[str, int]:
