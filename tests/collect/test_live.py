@@ -125,7 +125,7 @@ def test_overload_gets_429_with_retry_after_and_memory_stays_bounded(tmp_path: P
                     acked.update(_span_keys(doc))
                 peak = max(peak, c.status().pending_spans)
     finally:
-        holder.wait(30)
+        holder.communicate(timeout=30)
         c.stop()
     assert 429 in codes
     assert retry_after == {"1"}

@@ -4,6 +4,7 @@ responses as the OTLP/HTTP specification has them, rows identical to a file inge
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,12 @@ def test_json_and_gzip_bodies_store_the_rows_a_file_ingest_stores(
 ) -> None:
     b = releases(15)
     docs = split_documents(b.to_otlp(), per_doc=7)
-    for i, doc in enumerate(docs):
-        response = post_json(collector, doc, gz=i % 2 == 1)
+    # Concurrent exports, as from several replicas: they share batches.
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(
+            pool.map(lambda i: post_json(collector, docs[i], gz=i % 2 == 1), range(len(docs)))
+        )
+    for response in responses:
         assert response.status_code == 200, response.text
         assert response.json() == {}
     live = _live_store(collector)

@@ -91,7 +91,6 @@ class Collector:
         self._inflight = 0
         self.writer = BatchWriter(
             db,
-            source=f"collect:{host}:{port}",
             max_pending_spans=max_pending_spans,
             batch_spans=batch_spans,
             flush_interval=flush_interval,
@@ -112,6 +111,7 @@ class Collector:
         self._httpd.daemon_threads = True
         host_bound, port_bound = self._httpd.server_address[:2]
         self.address = f"{host_bound!s}:{port_bound}"
+        self.writer.source = f"collect:{self.address}"  # the bound port, also for --port 0
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
