@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from tracekit import conventions as cv
 from tracekit.demo import settings as st
 from tracekit.demo.features import CACHE_CAPACITY, HOT_USERS, FeatureStore, LRUCache
+from tracekit.demo.processes import ServiceProcess, child_environment, pid_alive
 from tracekit.demo.regressions import BASELINE, REGRESSIONS, get_regression, knobs_for
 from tracekit.errors import ConfigError
 
@@ -126,3 +130,34 @@ def test_a_stats_refresh_holds_the_lock_that_preprocess_needs() -> None:
     waited, used = time.perf_counter() - started, time.thread_time() - cpu
     refresher.join()
     assert waited > 0.08 and used < waited / 4  # wall time, not CPU time: hidden wait
+
+
+def test_a_paused_service_is_frozen_and_still_stops_cleanly(tmp_path: Path) -> None:
+    # The demo freezes the release not under load; a frozen process must thaw to act on
+    # SIGTERM, so stop() has to thaw it first or it would wait for SIGKILL.
+    proc = ServiceProcess("pricing test", "tracekit.demo.downstream", tmp_path / "p.log")
+    env = child_environment({st.ENV_TRACE_FILE: str(tmp_path / "p.jsonl")})
+    proc.start(env, timeout_s=60, wait=False)
+    try:
+        proc.wait_ready(60)
+        proc.pause()
+        assert _state(proc) == "T"
+        proc.resume()
+        assert _state(proc) != "T"
+        proc.pause()
+    finally:
+        code = proc.stop(timeout_s=10)
+    # Ended by SIGTERM (uvicorn re-raises it after its graceful shutdown), not SIGKILL.
+    assert code in (0, -signal.SIGTERM)
+    assert proc.pid is not None and not pid_alive(proc.pid)
+
+
+def _state(proc: ServiceProcess) -> str:
+    deadline = time.monotonic() + 5
+    while True:  # the signal is delivered asynchronously
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        if state == "T" or time.monotonic() > deadline:
+            return state
+        if state in "RS" and not proc.paused:
+            return state
+        time.sleep(0.01)

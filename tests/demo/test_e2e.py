@@ -1,9 +1,10 @@
-"""End to end: real services, real load, and `tracekit diff` names what v2 broke.
+"""End to end: real services, real load, and `tracekit diff` names what each v2 broke.
 
-One v1 run is shared by every case; each case runs its own v2 (labelled ``v2-<kind>``)
-with one regression, ingests both into a fresh store and reads the verdict of
-``tracekit diff --format json`` through the CLI. Runs are short (a few seconds at a
-modest rate), so the whole module stays within a couple of minutes.
+One interleaved run serves every case: v1 and one v2 per regression (labelled
+``v2-<kind>``) start together and take turns under load in short blocks, the others
+frozen meanwhile (:mod:`tracekit.demo.interleave`), so a busy machine slows every
+release alike instead of whichever ran while it was busy. Each case then reads the
+verdict of ``tracekit diff --format json`` for v1 against its v2 from one shared store.
 """
 
 from __future__ import annotations
@@ -12,43 +13,52 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.demo.interleave import ReleaseRun, run_interleaved
 from tracekit.demo.regressions import REGRESSIONS
-from tracekit.demo.runner import ReleaseRun, diff_verdict, ingest, run_release
+from tracekit.demo.runner import diff_verdict, ingest
 
 from .conftest import assert_all_gone
 
 RATE = 30.0
 DURATION_S = 8.0
+BLOCK_S = 1.0
 SEED = 0
 
 pytestmark = pytest.mark.slow
 
+KINDS = list(REGRESSIONS)
+
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> ReleaseRun:
-    workdir = tmp_path_factory.mktemp("v1")
-    run = run_release(workdir, "v1", "", rate=RATE, duration_s=DURATION_S, seed=SEED)
-    assert_all_gone(run.pids)
-    return run
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ReleaseRun]:
+    workdir = tmp_path_factory.mktemp("e2e")
+    releases = [("v1", ""), *((f"v2-{kind}", kind) for kind in KINDS)]
+    done = run_interleaved(
+        workdir, releases, rate=RATE, duration_s=DURATION_S, block_s=BLOCK_S, seed=SEED
+    )
+    assert_all_gone([pid for run in done for pid in run.pids])
+    return {run.label: run for run in done}
 
 
-# "none" first: v1 against v1 is only meaningful when both ran under the same conditions,
-# so it runs right after the shared baseline.
-KINDS = ["none", *(k for k in REGRESSIONS if k != "none")]
+@pytest.fixture(scope="module")
+def store(runs: dict[str, ReleaseRun], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("store") / "tracekit.duckdb"
+    assert ingest(db, [f for run in runs.values() for f in run.trace_files]) == 0
+    return db
+
+
+def test_every_release_served_every_request(runs: dict[str, ReleaseRun]) -> None:
+    for run in runs.values():
+        assert run.load.failed == 0, (run.label, run.load.errors)
+        assert run.load.completed == run.load.scheduled > 0
+    # Equal inputs: every release was sent the same number of requests.
+    assert len({run.load.scheduled for run in runs.values()}) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_diff_names_the_injected_stage_and_kind(
-    baseline: ReleaseRun, kind: str, tmp_path: Path
-) -> None:
+def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
     regression = REGRESSIONS[kind]
-    label = f"v2-{kind}"
-    run = run_release(tmp_path, label, kind, rate=RATE, duration_s=DURATION_S, seed=SEED)
-    assert_all_gone(run.pids)
-    assert run.load.failed == 0, run.load.errors
-    db = tmp_path / "tracekit.duckdb"
-    assert ingest(db, [*baseline.trace_files, *run.trace_files]) == 0
-    verdict = diff_verdict(db, "v1", label)
+    verdict = diff_verdict(store, "v1", f"v2-{kind}")
     message = f"{kind}: {verdict.get('summary')}"
     assert verdict["kind"] == regression.expected_kind, message
     if regression.expected_stages:

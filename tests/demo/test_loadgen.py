@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from tracekit.demo.loadgen import arrival_offsets, ranker_payload, require_loopback, run_load
+from tracekit.demo.loadgen import (
+    arrival_offsets,
+    block_plan,
+    ranker_payload,
+    require_loopback,
+    run_blocks,
+    run_load,
+)
 from tracekit.errors import ConfigError
 
 RATE = 100.0
@@ -111,3 +118,67 @@ def test_a_client_side_stall_counts_against_latency_too(thread_server) -> None:
     late = [lag for lag in result.send_lag_ms if lag > 100]
     assert len(late) >= 10
     assert sum(ms > 100 for ms in result.latencies_ms) >= len(late)
+
+
+def test_blocks_take_turns_with_equal_inputs_for_every_target() -> None:
+    plan = block_plan(3, rate=50.0, duration_s=2.0, block_s=0.25, seed=5)
+    assert len(plan) == 3 * 8
+    rounds = [plan[i : i + 3] for i in range(0, len(plan), 3)]
+    for r, blocks in enumerate(rounds):
+        assert sorted(b.target for b in blocks) == [0, 1, 2]  # one block each per round
+        assert {b.round for b in blocks} == {r}
+        assert len({(b.offsets, b.seed) for b in blocks}) == 1  # the same arrivals and bodies
+        assert all(0 <= o < 0.25 for b in blocks for o in b.offsets)
+    # Orders vary from round to round: no target is always first.
+    assert len({blocks[0].target for blocks in rounds}) > 1
+    assert plan == block_plan(3, rate=50.0, duration_s=2.0, block_s=0.25, seed=5)
+
+
+def test_aligned_blocks_keep_clear_of_their_slot_edges() -> None:
+    plan = block_plan(2, rate=50.0, duration_s=6.0, block_s=1.5, seed=1, align_s=0.05)
+    assert plan[0].offsets[0] == 0.0  # the time line starts with the first block
+    for block in plan[1:]:
+        assert block.offsets[0] == pytest.approx(0.05)
+        assert max(block.offsets) < 1.5 - 0.05
+
+
+def test_only_the_target_under_load_runs(thread_server) -> None:
+    # Two real servers; the switch log shows each one thawed for its blocks and frozen
+    # once its block's requests ended and the other's turn had come.
+    app = FastAPI()
+
+    @app.post("/work")
+    async def work(body: dict[str, Any]) -> dict[str, bool]:
+        return {"ok": True}
+
+    events: list[tuple[str, int]] = []
+    running: set[int] = set()
+
+    def pause(i: int) -> None:
+        events.append(("pause", i))
+        running.discard(i)
+
+    def resume(i: int) -> None:
+        events.append(("resume", i))
+        running.add(i)
+
+    plan = block_plan(2, rate=RATE, duration_s=0.6, block_s=0.1, seed=3)
+    with thread_server(app) as a, thread_server(app) as b:
+        results = asyncio.run(
+            run_blocks(
+                [a.url + "/work", b.url + "/work"],
+                plan,
+                block_s=0.1,
+                pause=pause,
+                resume=resume,
+                payload=lambda rng: {"x": 1},
+            )
+        )
+    assert [r.completed for r in results] == [r.scheduled for r in results]
+    assert results[0].scheduled == results[1].scheduled > 0
+    assert running == set()  # all frozen again at the end
+    for target in (0, 1):
+        # Thawed and frozen in turn, never twice in a row; thawed at most once per block.
+        mine = [kind for kind, i in events if i == target]
+        assert mine == ["resume", "pause"] * (len(mine) // 2)
+        assert 1 <= len(mine) // 2 <= sum(b.target == target for b in plan)

@@ -12,6 +12,11 @@ It is bounded: at most ``rate × duration`` requests (and ``max_requests``), lau
 within ``duration`` seconds, each with a timeout, after which it stops by itself. It
 only targets loopback addresses.
 
+:func:`run_blocks` drives several targets (releases) in turn, in short blocks on a fixed
+time grid (:func:`block_plan`), so that whatever else the machine is doing meanwhile
+falls on every release alike. Every target's r-th block has the same arrival times and
+request bodies: the releases are compared on identical inputs.
+
 Run it with ``python -m tracekit.demo.loadgen --url http://127.0.0.1:8000/predict``.
 """
 
@@ -127,6 +132,48 @@ class LoadResult:
         }
 
 
+async def _send(
+    client: httpx.AsyncClient,
+    url: str,
+    sends: Sequence[tuple[float, dict[str, Any]]],
+    result: LoadResult,
+    tick: Callable[[], None],
+) -> list[asyncio.Task[None]]:
+    """POST each body at its ``perf_counter`` time; returns once the last one is sent."""
+
+    async def one(scheduled_at: float, body: dict[str, Any]) -> None:
+        result.send_lag_ms.append((time.perf_counter() - scheduled_at) * 1000.0)
+        try:
+            response = await client.post(url, json=body)
+            if response.status_code >= 400:
+                key = f"http {response.status_code}"
+                result.errors[key] = result.errors.get(key, 0) + 1
+            else:
+                result.latencies_ms.append((time.perf_counter() - scheduled_at) * 1000.0)
+        except httpx.HTTPError as exc:
+            key = type(exc).__name__
+            result.errors[key] = result.errors.get(key, 0) + 1
+        tick()
+
+    tasks: list[asyncio.Task[None]] = []
+    for scheduled_at, body in sends:
+        delay = scheduled_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(scheduled_at, body)))
+    return tasks
+
+
+async def _finish(tasks: list[asyncio.Task[None]], result: LoadResult, timeout_s: float) -> None:
+    """Wait for every request of ``tasks`` to end; abandon (and count) stuck ones."""
+    # Every request has its own timeout; this bound only guards against a stuck pool.
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s + 5.0) if tasks else ((), ())
+    for task in pending:
+        task.cancel()
+    if pending:
+        result.errors["abandoned"] = result.errors.get("abandoned", 0) + len(pending)
+
+
 async def run_load(
     url: str,
     *,
@@ -144,43 +191,186 @@ async def run_load(
     body_rng = random.Random(seed + 1)
     bodies = [payload(body_rng) for _ in offsets]
     result = LoadResult(scheduled=len(offsets))
-    done = 0
-
-    async def one(client: httpx.AsyncClient, scheduled_at: float, body: dict[str, Any]) -> None:
-        nonlocal done
-        result.send_lag_ms.append((time.perf_counter() - scheduled_at) * 1000.0)
-        try:
-            response = await client.post(url, json=body)
-            if response.status_code >= 400:
-                key = f"http {response.status_code}"
-                result.errors[key] = result.errors.get(key, 0) + 1
-            else:
-                result.latencies_ms.append((time.perf_counter() - scheduled_at) * 1000.0)
-        except httpx.HTTPError as exc:
-            key = type(exc).__name__
-            result.errors[key] = result.errors.get(key, 0) + 1
-        done += 1
-        if on_progress is not None:
-            on_progress(done, result.scheduled)
-
-    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        tasks: list[asyncio.Task[None]] = []
+    tick = _progress(result.scheduled, on_progress)
+    async with _client(timeout_s) as client:
         start = time.perf_counter()
-        for offset, body in zip(offsets, bodies, strict=True):
-            scheduled_at = start + offset
-            delay = scheduled_at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(client, scheduled_at, body)))
-        # Every request has its own timeout; this bound only guards against a stuck pool.
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s + 5.0) if tasks else ((), ())
-        for task in pending:
-            task.cancel()
-        if pending:
-            result.errors["abandoned"] = len(pending)
+        sends = [(start + offset, body) for offset, body in zip(offsets, bodies, strict=True)]
+        await _finish(await _send(client, url, sends, result, tick), result, timeout_s)
         result.elapsed_s = time.perf_counter() - start
     return result
+
+
+def _client(timeout_s: float) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
+    return httpx.AsyncClient(timeout=timeout_s, limits=limits)
+
+
+def _progress(total: int, on_progress: Callable[[int, int], None] | None) -> Callable[[], None]:
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total)
+
+    return tick
+
+
+# --- several targets in alternating blocks -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """One stretch of load against one target."""
+
+    target: int
+    """Index into the targets."""
+    round: int
+    """Every target has one block per round; equal rounds have equal arrivals and bodies."""
+    offsets: tuple[float, ...]
+    """Send times from the start of the block's slot."""
+    seed: int
+    """Seed of the block's request bodies."""
+
+
+def block_plan(
+    targets: int,
+    *,
+    rate: float,
+    duration_s: float,
+    block_s: float,
+    seed: int = 0,
+    align_s: float = 0.0,
+) -> list[Block]:
+    """Blocks giving each of ``targets`` about ``duration_s`` of Poisson load at ``rate``.
+
+    The load is cut into rounds of ``block_s`` per target (as many as come closest to
+    ``duration_s``; one shorter block if ``duration_s`` is shorter); each round holds one
+    block of every target, in a seeded random order (so that no target always comes
+    first, nor always after the same neighbour). Within a round every target gets the
+    same arrival offsets and bodies.
+
+    With ``align_s`` > 0, every block starts with a request ``align_s`` after its slot
+    begins (the very first block at its start) and ends ``align_s`` before the slot
+    does. An analysis that cuts the time line into windows of one slot from the first
+    request then finds exactly one block in each window, even if a request reaches the
+    server up to ``align_s`` late.
+    """
+    if targets < 1 or block_s <= 0:
+        raise ConfigError("load: need at least one target and a positive block length")
+    rounds = max(1, round(duration_s / block_s))
+    length = min(block_s, duration_s)
+    if length <= 3 * align_s:
+        raise ConfigError(f"load: blocks of {length:g} s are too short to align")
+    rng = random.Random(seed)
+    plan: list[Block] = []
+    for r in range(rounds):
+        block_seed = rng.getrandbits(32)
+        offsets = arrival_offsets(rate, length - 2 * align_s, block_seed)
+        if align_s > 0 and offsets:
+            offsets = [o - offsets[0] + align_s for o in offsets]
+        order = list(range(targets))
+        rng.shuffle(order)
+        for t in order:
+            # The very first block starts at its slot's start: the windows begin there.
+            lead = align_s if not plan and offsets else 0.0
+            plan.append(Block(t, r, tuple(o - lead for o in offsets), block_seed))
+    return plan
+
+
+class _Turns:
+    """Which target runs: thaw one before its block, freeze it once it is idle again."""
+
+    def __init__(self, targets: int, pause: Callable[[int], None], resume: Callable[[int], None]):
+        self.pause_fn, self.resume_fn = pause, resume
+        self.frozen = [True] * targets  # the caller hands them over frozen
+        self.active = [0] * targets
+        self.current: int | None = None
+
+    def enter(self, target: int) -> None:
+        previous, self.current = self.current, target
+        if previous is not None:
+            self.settle(previous)
+        if self.frozen[target]:
+            self.resume_fn(target)
+            self.frozen[target] = False
+
+    def settle(self, target: int) -> None:
+        """Freeze ``target`` if it is neither serving a block nor about to."""
+        if self.active[target] == 0 and self.current != target and not self.frozen[target]:
+            self.pause_fn(target)
+            self.frozen[target] = True
+
+    def freeze_all(self) -> None:
+        self.current = None
+        for target in range(len(self.frozen)):
+            if not self.frozen[target]:
+                self.pause_fn(target)
+                self.frozen[target] = True
+
+
+async def run_blocks(
+    urls: Sequence[str],
+    plan: Sequence[Block],
+    *,
+    block_s: float,
+    pause: Callable[[int], None],
+    resume: Callable[[int], None],
+    settle_s: float = 0.05,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    payload: Payload = ranker_payload,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[LoadResult]:
+    """Drive ``urls`` block by block, one target at a time; one result per target.
+
+    The targets come frozen (``pause`` was called for each). Block *i* owns the slot
+    ``[i, i + 1) × block_s`` of a fixed time grid: its target is thawed ``settle_s``
+    before the slot begins (time for a thawed process to catch up on its timers), and
+    frozen again once the block's last request has ended and the next block belongs to
+    another target. Blocks are not held back for the previous one's last requests, so a
+    slow release does not stretch the run; for those few milliseconds two targets run.
+    """
+    for url in urls:
+        require_loopback(url)
+    results = [LoadResult() for _ in urls]
+    for block in plan:
+        results[block.target].scheduled += len(block.offsets)
+        results[block.target].elapsed_s += block_s
+    tick = _progress(sum(r.scheduled for r in results), on_progress)
+    turns = _Turns(len(urls), pause, resume)
+
+    async def finish(block: Block, tasks: list[asyncio.Task[None]]) -> None:
+        await _finish(tasks, results[block.target], timeout_s)
+        turns.active[block.target] -= 1
+        turns.settle(block.target)
+
+    async with _client(timeout_s) as client:
+        endings: list[asyncio.Task[None]] = []
+        try:
+            origin = time.perf_counter() + settle_s
+            for i, block in enumerate(plan):
+                start = origin + i * block_s
+                await _sleep_until(start - settle_s)
+                turns.enter(block.target)
+                turns.active[block.target] += 1
+                body_rng = random.Random(block.seed + 1)
+                sends = [(start + o, payload(body_rng)) for o in block.offsets]
+                url, result = urls[block.target], results[block.target]
+                tasks = await _send(client, url, sends, result, tick)
+                endings.append(asyncio.create_task(finish(block, tasks)))
+            await asyncio.gather(*endings)
+        finally:
+            for ending in endings:
+                ending.cancel()
+            turns.freeze_all()
+    return results
+
+
+async def _sleep_until(when: float) -> None:
+    delay = when - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,7 +49,8 @@ class Ranker(nn.Module):
         self.eval()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)
+        scores: torch.Tensor = self.net(x).squeeze(-1)
+        return scores
 
 
 class FeatureEncoder(nn.Module):
@@ -72,7 +73,8 @@ class FeatureEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.up(x))
         h = torch.tanh(self.mid(h))
-        return x + 0.1 * self.down(h)
+        out: torch.Tensor = x + 0.1 * self.down(h)
+        return out
 
 
 class FeatureStats:
@@ -152,7 +154,8 @@ def preprocess(
     mean, std = stats.snapshot()
     x = ((x - mean) / std).clamp(-5.0, 5.0)
     with torch.inference_mode():
-        return encoder(x).contiguous()
+        encoded: torch.Tensor = encoder(x).contiguous()
+    return encoded
 
 
 def score_batch(model: Ranker, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -6,6 +6,11 @@ from the ``LISTENING`` line and waits for the ``READY`` line; if the process exi
 stays silent, the error says so and quotes the end of its log. :meth:`stop` sends
 SIGTERM to the group (uvicorn shuts down gracefully and tracekit flushes its spans),
 then SIGKILL if it lingers.
+
+:meth:`pause` and :meth:`resume` freeze and thaw the whole group (SIGSTOP/SIGCONT).
+The demo runs several releases in alternating blocks and freezes the ones not under
+load, so an idle release burns no CPU (the ``contention`` regression's background
+thread would otherwise slow the release being measured) and no timer fires in it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.host = ""
         self.port = 0
+        self.paused = False
 
     @property
     def pid(self) -> int | None:
@@ -68,8 +74,14 @@ class ServiceProcess:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, env: Mapping[str, str], timeout_s: float = START_TIMEOUT_S) -> None:
-        """Launch the process and wait until it serves; raises with its log tail if not."""
+    def start(
+        self, env: Mapping[str, str], timeout_s: float = START_TIMEOUT_S, *, wait: bool = True
+    ) -> None:
+        """Launch the process and wait until it serves; raises with its log tail if not.
+
+        With ``wait=False`` it only launches, so that several services start at once;
+        :meth:`wait_ready` or :meth:`poll_ready` then tell when each serves.
+        """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -80,7 +92,9 @@ class ServiceProcess:
                 env=dict(env),
                 start_new_session=True,
             )
-        self._wait_ready(timeout_s)
+        self.paused = False
+        if wait:
+            self.wait_ready(timeout_s)
 
     def _log_lines(self) -> list[str]:
         try:
@@ -92,25 +106,10 @@ class ServiceProcess:
         lines = self._log_lines()[-LOG_TAIL_LINES:]
         return "\n".join(f"    {line}" for line in lines) if lines else "    (empty log)"
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        assert self.proc is not None
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Block until the READY line; raises (and stops the process) if it never comes."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            ready = False
-            for line in self._log_lines():
-                parts = line.split()
-                if parts[:1] == [LISTENING_MARKER] and len(parts) >= 3:
-                    self.host, self.port = parts[1], int(parts[2])
-                elif parts[:1] == [READY_MARKER]:
-                    ready = True
-            if ready and self.port:
-                return
-            code = self.proc.poll()
-            if code is not None:
-                raise TracekitError(
-                    f"{self.name} exited with status {code} while starting; "
-                    f"end of {self.log_path}:\n{self.log_tail()}"
-                )
+        while not self.poll_ready():
             if time.monotonic() > deadline:
                 self.stop()
                 raise TracekitError(
@@ -119,8 +118,40 @@ class ServiceProcess:
                 )
             time.sleep(POLL_S)
 
+    def poll_ready(self) -> bool:
+        """Whether the service serves now; raises with its log tail if it exited."""
+        assert self.proc is not None
+        ready = False
+        for line in self._log_lines():
+            parts = line.split()
+            if parts[:1] == [LISTENING_MARKER] and len(parts) >= 3:
+                self.host, self.port = parts[1], int(parts[2])
+            elif parts[:1] == [READY_MARKER]:
+                ready = True
+        if ready and self.port:
+            return True
+        code = self.proc.poll()
+        if code is not None:
+            raise TracekitError(
+                f"{self.name} exited with status {code} while starting; "
+                f"end of {self.log_path}:\n{self.log_tail()}"
+            )
+        return False
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def pause(self) -> None:
+        """Freeze every thread of the service (SIGSTOP to its group)."""
+        if self.alive():
+            self._signal(signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Let a paused service run again (SIGCONT to its group)."""
+        if self.proc is not None:
+            self._signal(signal.SIGCONT)
+        self.paused = False
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """Stop the process group: SIGTERM, then SIGKILL; returns the exit status."""
@@ -128,6 +159,8 @@ class ServiceProcess:
         if proc is None:
             return None
         if proc.poll() is None:
+            # A stopped process keeps SIGTERM pending until it runs again.
+            self.resume()
             self._signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout_s)

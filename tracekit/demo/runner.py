@@ -1,8 +1,13 @@
-"""``tracekit demo`` end to end: run v1, run v2 with a regression, let tracekit find it.
+"""``tracekit demo`` end to end: run v1 and v2 (with a regression), let tracekit find it.
 
-For each release the runner starts the pricing service and then the ranker as
-subprocesses on loopback (ports from the OS), drives the ranker with the open-loop load
-generator, and stops both, which flushes their OTLP JSON-lines trace files. Then it
+The runner starts each release's pricing service and ranker as subprocesses on loopback
+(ports from the OS), all at once, and drives the rankers with the open-loop load
+generator in alternating blocks of :data:`BLOCK_S`, the release not under load frozen
+meanwhile (:mod:`tracekit.demo.interleave`): whatever else the machine does falls on
+both releases alike, so a busy machine can neither hide v2's regression nor invent one.
+Then it stops them all, which flushes their OTLP JSON-lines trace files, ingests the
+files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
+``gate`` and ``autoscale`` say (autoscale windows of one block each). Then it
 ingests the files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
 ``gate`` and ``autoscale`` say, by calling the CLI in-process, so the demo exercises
 exactly the commands a user types. Every process it started is stopped on the way out,
@@ -22,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -32,6 +37,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tracekit.demo import downstream, service
 from tracekit.demo import settings as env
+from tracekit.demo.interleave import (
+    ReleaseRun,
+    release_env,
+    remove_stale,
+    run_interleaved,
+    slot_seconds,
+)
 from tracekit.demo.loadgen import LoadResult, run_load
 from tracekit.demo.processes import ServiceProcess, child_environment
 from tracekit.demo.regressions import DEFAULT_REGRESSION, Regression, get_regression
@@ -41,6 +53,12 @@ DEFAULT_DURATION_S = env.DEFAULT_DURATION_S
 DEFAULT_RATE = env.DEFAULT_RATE
 BEFORE, AFTER = "v1", "v2"
 DB_NAME = "tracekit.duckdb"
+BLOCK_S = 1.5
+"""Seconds per block of load. Short, so that the machine's other work of a few seconds
+falls on both releases; long enough that one autoscale window (one block) holds the 20
+requests a p95 needs at the default rate."""
+ALIGN_S = 0.05
+"""Distance of each block from its window's edges (see ``loadgen.block_plan``)."""
 
 
 @dataclass(frozen=True)
@@ -57,43 +75,8 @@ class DemoOptions:
     """Send the spans to a ``tracekit collect`` started for the run instead of files."""
 
 
-@dataclass
-class ReleaseRun:
-    """One release served under load: its trace files and what the client measured."""
-
-    label: str
-    regression: str
-    trace_files: list[Path]
-    load: LoadResult
-    pids: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False)
-
-
-def _release_env(
-    label: str, regression: str, seed: int, trace_file: Path, otlp_endpoint: str
-) -> dict[str, str]:
-    values = {
-        env.ENV_HOST: "127.0.0.1",
-        env.ENV_PORT: "0",
-        env.ENV_VERSION: label,
-        env.ENV_REGRESSION: regression,
-        env.ENV_SEED: str(seed),
-        env.ENV_TRACE_FILE: str(trace_file),
-    }
-    if otlp_endpoint:
-        values[env.ENV_OTLP_ENDPOINT] = otlp_endpoint
-    return values
-
-
-def _remove_stale(*paths: Path) -> None:
-    # A kept directory from an earlier run: the file exporter appends, and a stale v2
-    # would mix with this one under the same label.
-    for path in paths:
-        path.unlink(missing_ok=True)
 
 
 def run_release(
@@ -112,6 +95,9 @@ def run_release(
 ) -> ReleaseRun:
     """Start pricing and ranker for ``label``, drive them, stop them; returns the traces.
 
+    One release alone, as ``docker compose`` runs each; the demo itself runs both
+    releases interleaved (:func:`tracekit.demo.interleave.run_interleaved`).
+
     ``ranker_env`` is added to the ranker's environment; ``before_stop`` runs after the
     load, while both services still run (the demo scrapes the ranker's metrics there).
     """
@@ -121,7 +107,7 @@ def run_release(
     workdir.mkdir(parents=True, exist_ok=True)
     pricing_file = workdir / f"{downstream.SERVICE_NAME}-{label}.jsonl"
     ranker_file = workdir / f"{service.SERVICE_NAME}-{label}.jsonl"
-    _remove_stale(pricing_file, ranker_file)
+    remove_stale(pricing_file, ranker_file)
     pricing = ServiceProcess(
         f"{downstream.SERVICE_NAME} {label}",
         "tracekit.demo.downstream",
@@ -135,11 +121,9 @@ def run_release(
     try:
         with console.status(f"[bold]{label}[/]: starting {pricing.name} and {ranker.name}…"):
             pricing.start(
-                child_environment(
-                    _release_env(label, regression, seed, pricing_file, otlp_endpoint)
-                )
+                child_environment(release_env(label, regression, seed, pricing_file, otlp_endpoint))
             )
-            ranker_vars = _release_env(label, regression, seed, ranker_file, otlp_endpoint)
+            ranker_vars = release_env(label, regression, seed, ranker_file, otlp_endpoint)
             ranker_vars[env.ENV_DOWNSTREAM_URL] = pricing.url
             ranker_vars.update(extra_env)
             ranker.start(child_environment(ranker_vars))
@@ -253,8 +237,8 @@ def slo_for(baseline: LoadResult) -> int:
 
 
 def window_for(duration_s: float) -> str:
-    """Autoscale windows short enough that one release's run spans several of them."""
-    return f"{max(1, round(duration_s / 6))}s"
+    """Autoscale windows of one block each: every window holds one release's load."""
+    return f"{slot_seconds(duration_s, BLOCK_S):g}s"
 
 
 def _heading(text: str) -> None:
@@ -317,21 +301,20 @@ def run_demo(options: DemoOptions) -> int:
                     def scrape_v2() -> None:
                         scraped.extend(collect_loop.metrics_lines(collect_loop.scrape(port)))
 
-                runs = [
-                    run_release(
-                        workdir,
-                        label,
-                        name,
-                        rate=options.rate,
-                        duration_s=options.duration_s,
-                        seed=options.seed,
-                        otlp_endpoint=endpoint,
-                        console=console,
-                        ranker_env=ranker_vars,
-                        before_stop=scrape_v2 if label == AFTER else None,
-                    )
-                    for label, name in ((BEFORE, ""), (AFTER, regression.name))
-                ]
+                runs = run_interleaved(
+                    workdir,
+                    ((BEFORE, ""), (AFTER, regression.name)),
+                    rate=options.rate,
+                    duration_s=options.duration_s,
+                    block_s=BLOCK_S,
+                    align_s=ALIGN_S,
+                    seed=options.seed,
+                    otlp_endpoint=endpoint,
+                    console=console,
+                    # Only v2's ranker serves metrics: both run at once, on one port.
+                    ranker_env={AFTER: ranker_vars} if ranker_vars else None,
+                    before_stop=scrape_v2,
+                )
             if options.collect:
                 console.print(collected[-1] if collected else "tracekit collect stopped")
             analysed = time.monotonic()
@@ -348,8 +331,8 @@ def run_demo(options: DemoOptions) -> int:
             )
             console.print(
                 f"[dim]run time {time.monotonic() - began:.0f} s: "
-                + ", ".join(f"{r.label} {r.seconds:.0f} s" for r in runs)
-                + f", analysis {time.monotonic() - analysed:.0f} s; "
+                + f"both releases {analysed - began:.0f} s, "
+                + f"analysis {time.monotonic() - analysed:.0f} s; "
                 + (f"files kept in {workdir}" if not temporary else "temporary files removed")
                 + "[/]"
             )

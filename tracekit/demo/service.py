@@ -37,7 +37,7 @@ import tracekit
 from tracekit import conventions as cv
 from tracekit.demo import model as ranking
 from tracekit.demo.downstream import PRICE_PATH
-from tracekit.demo.features import HOT_USERS, FeatureStore
+from tracekit.demo.features import CANDIDATES, HOT_USERS, FeatureStore
 from tracekit.demo.settings import (
     ENV_DOWNSTREAM_URL,
     HEALTH_PATH,
@@ -62,7 +62,7 @@ WARM_UP_ROUNDS = 3
 
 class PredictRequest(BaseModel):
     user_id: int = Field(ge=0)
-    items: list[int] = Field(min_length=1, max_length=ranking.CANDIDATES)
+    items: list[int] = Field(min_length=1, max_length=CANDIDATES)
 
 
 class PredictResponse(BaseModel):
@@ -142,7 +142,7 @@ class Ranker:
         which opens the pooled connections.
         """
         size = self.settings.knobs.batch_max_size
-        items = list(range(ranking.CANDIDATES))
+        items = list(range(CANDIDATES))
 
         async def one(user_id: int) -> None:
             user, _ = await self.features.get(user_id)

@@ -71,6 +71,13 @@ READY_MARKER = "TRACEKIT_DEMO_READY"
 HEALTH_PATH = "/healthz"
 """Answers 200 once the service has finished starting (model built, cache warm)."""
 
+KEEP_ALIVE_S = 300
+"""Seconds an idle keep-alive connection stays open (uvicorn's default is 5).
+
+``tracekit demo`` freezes a release between its blocks of load. Frozen longer than the
+keep-alive, the service would close its idle connections the instant it is thawed, racing
+the client's next request on them (a spurious "server disconnected" error)."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -207,6 +214,7 @@ def serve(app: Any, settings: Settings) -> None:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=3,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
