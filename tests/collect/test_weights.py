@@ -14,7 +14,7 @@ from tracekit.analysis.attribution import per_request
 from tracekit.analysis.cohorts.sampling import UNWEIGHTED_TAIL_SAMPLING
 from tracekit.analysis.collect import TailSampler, ingest_documents
 from tracekit.analysis.compare.summary import summarize_release
-from tracekit.analysis.store import SPAN_COLUMNS, open_store
+from tracekit.analysis.store import open_store, schema_sql
 from tracekit.cli import main
 
 from .helpers import releases, split_documents
@@ -82,7 +82,7 @@ def test_a_store_tail_sampled_without_weights_is_flagged_as_biased(tmp_path: Pat
 
 
 @pytest.mark.skipif(
-    "trace_state" not in SPAN_COLUMNS,
+    "trace_state" not in schema_sql(),
     reason="ingest keeps traceState and reads ot=th: with issue 10's ingest change",
 )
 def test_a_span_sampled_at_th_8_counts_twice(tmp_path: Path) -> None:
