@@ -212,6 +212,8 @@ class Collector:
                 self.sampler.add(screened.doc, screened.accepted)
             except SamplerFull as exc:
                 return _status(429, kind, f"collector busy: {exc}", retry=True)
+            except Backpressure as exc:  # late spans of a decided trace, while stopping
+                return _status(503, kind, f"collector stopping: {exc}", retry=True)
             return None
         try:
             ticket = self.writer.submit(screened.doc, screened.accepted)
