@@ -12,6 +12,7 @@ import pytest
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.ingest import ingest_paths
+from tracekit.analysis.ingest import kineto_comm as kc
 from tracekit.analysis.ingest import kineto_stream as ks
 from tracekit.analysis.ingest import kineto_timeline as tl
 from tracekit.analysis.store import open_store
@@ -108,6 +109,22 @@ def test_absolute_and_relative_layouts_give_the_same_times(tmp_path):
             out.append(s.run("SELECT min(start_ns), max(end_ns), count(*) FROM spans"))
     assert out[0] == out[1]
     assert out[0][0][0] == BASE_NS
+
+
+@pytest.mark.parametrize(
+    ("raw", "op"),
+    [
+        ("allreduce", "all_reduce"),
+        ("AllReduce", "all_reduce"),
+        ("AllGather", "all_gather"),
+        ("SendRecv", "send_recv"),
+        ("ReduceScatter", "reduce_scatter"),
+        ("all_to_all", "all_to_all"),
+        ("broadcast", "broadcast"),
+    ],
+)
+def test_collective_names_are_one_vocabulary(raw, op):
+    assert kc.op_name(raw) == op
 
 
 def test_nanosecond_fractions_are_exact():

@@ -16,6 +16,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tracekit import conventions as cv
 from tracekit.analysis.ingest import kineto_timeline as tl
 from tracekit.analysis.ingest.kineto_stream import us_to_ns
@@ -188,6 +190,21 @@ class EventSink:
         self.dev_stream.append(stream)
         self.dev_kind.append(kind)
         self.dev_corr.append(corr if type(corr) is int and corr > 0 else -1)
+
+    def launch_times(self) -> np.ndarray:
+        """Host time of the call that launched each device op (-1 when not in the file)."""
+        corr = np.frombuffer(self.dev_corr, dtype=np.int64)
+        out = np.full(corr.size, -1, dtype=np.int64)
+        if not len(self.host_corr):
+            return out
+        hc = np.frombuffer(self.host_corr, dtype=np.int64)
+        ht = np.frombuffer(self.host_ts, dtype=np.int64)
+        order = np.argsort(hc, kind="stable")
+        hc, ht = hc[order], ht[order]
+        pos = np.clip(np.searchsorted(hc, corr), 0, hc.size - 1)
+        hit = (hc[pos] == corr) & (corr >= 0)
+        out[hit] = ht[pos[hit]]
+        return out
 
     @property
     def main_pid(self) -> Any:
