@@ -97,6 +97,7 @@ class ModelExecution:
         _resolve(sync)  # validate now, so a typo fails where it is written
         self._sync = sync
         self._attributes = attributes
+        self._stages: dict[str, Stage] = {}  # one per sync mode: built once, not per call
 
     def _mode(self) -> str:
         try:
@@ -108,7 +109,11 @@ class ModelExecution:
     def _enter(self, mode: str) -> tuple[Stage, str, Any, int, int, Any]:
         """Open the span; with ``sync="device"`` the caller has synchronised already."""
         start_evt = None
-        st = Stage(c.MODEL_EXECUTE, **{c.GPU_SYNC: mode, **self._attributes})
+        st = self._stages.get(mode)
+        if st is None:
+            st = self._stages[mode] = Stage(
+                c.MODEL_EXECUTE, **{c.GPU_SYNC: mode, **self._attributes}
+            )
         span, token = st._start()
         if mode != c.SYNC_NONE:
             try:
