@@ -21,7 +21,7 @@ from .conftest import assert_all_gone
 
 RATE = 30.0
 DURATION_S = 8.0
-BLOCK_S = 1.0
+BLOCK_S = 0.25
 SEED = 0
 
 pytestmark = pytest.mark.slow
