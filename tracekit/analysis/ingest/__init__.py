@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from tracekit.analysis.ingest import detect, fast, jaeger, kineto, otlp, staging
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, Problem, ProblemLog
@@ -216,24 +214,33 @@ class _Reader:
 
     def _otlp_lines(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
         self.flush()
-        try:
-            odd = fast.stage_lines(
-                self.store, str(item.path), gzip=gz, file_no=origin.file_no, display=item.display
-            )
-        except duckdb.Error:
-            # DuckDB cannot split this file into lines (bad UTF-8, stray control bytes):
-            # the Python reader copes with anything, a line at a time.
-            self._python_lines(item, origin, gz, None)
-            return
+        odd, cut = fast.stream_lines(self.store, item.path, gz=gz, origin=origin)
         count = staging.run(self.store, staging.sql("count_file"), {"file_no": origin.file_no})
         self.file_spans[origin.file_no] = int(count[0][0])
         if odd:
-            self._python_lines(item, origin, gz, set(odd))
+            self._python_lines(item, origin, gz, set(odd), report_cut=False)
+        if cut is not None:
+            self._truncated(origin, cut)
+
+    def _truncated(self, origin: Origin, line: int) -> None:
+        self.log.add(
+            origin.at(line),
+            "truncated gzip stream; the complete lines before it were kept",
+            pk.MALFORMED,
+            skipped=1,
+        )
 
     def _python_lines(
-        self, item: detect.InputFile, origin: Origin, gz: bool, wanted: set[int] | None
+        self,
+        item: detect.InputFile,
+        origin: Origin,
+        gz: bool,
+        wanted: set[int] | None,
+        *,
+        report_cut: bool = True,
     ) -> None:
-        for number, line in detect.iter_lines(item.path, gz, wanted):
+        lines = detect.iter_lines(item.path, gz, wanted)
+        for number, line in lines:
             try:
                 doc = json.loads(line.rstrip())
             except json.JSONDecodeError as exc:
@@ -245,10 +252,15 @@ class _Reader:
                 )
                 continue
             self.dispatch(doc, origin, number, whole_file=None)
+        if lines.cut is not None and report_cut:
+            self._truncated(origin, lines.cut)
 
     def _document(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
-        with detect.open_text(item.path, gz) as fh:
-            text = fh.read()
+        text, cut = detect.read_text(item.path, gz)
+        if cut is not None:
+            # What decodes before the cut is kept; the document it breaks is reported
+            # below as invalid JSON, and the cut itself here.
+            self._truncated(origin, cut)
         decoded = 0
         try:
             for line, doc in detect.iter_documents(text):

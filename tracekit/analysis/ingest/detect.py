@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+TRUNCATED_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+"""What Python's gzip raises at a cut or corrupt stream (after the data before it)."""
 
 EMPTY = "empty"
 LINES = "lines"
@@ -69,33 +73,74 @@ def open_text(path: Path, gz: bool) -> IO[str]:
 
 def sniff(path: Path) -> Sniffed:
     gz = is_gzip(path)
-    with open_text(path, gz) as fh:
-        number = 0
-        for line in fh:
-            number += 1
-            text = line.strip()
-            if not text:
-                continue
-            if text[0] not in "{[":
-                return Sniffed(NOT_JSON, gz, first_line=number, head=text[:40])
-            if text[0] == "{":
-                try:
-                    doc = json.loads(text)
-                except json.JSONDecodeError:
-                    return Sniffed(DOCUMENT, gz)
-                return Sniffed(LINES, gz, first_doc=doc, first_line=number)
-            return Sniffed(DOCUMENT, gz)
+    lines = iter_lines(path, gz, keep_blank=True)
+    number = 0
+    for _, line in lines:
+        number += 1
+        text = line.strip()
+        if not text:
+            continue
+        if text[0] not in "{[":
+            return Sniffed(NOT_JSON, gz, first_line=number, head=text[:40])
+        if text[0] == "{":
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError:
+                return Sniffed(DOCUMENT, gz)
+            return Sniffed(LINES, gz, first_doc=doc, first_line=number)
+        return Sniffed(DOCUMENT, gz)
+    if lines.cut is not None:
+        # A stream cut before its first line ends: the line readers report the cut.
+        return Sniffed(LINES, gz, first_doc={}, first_line=lines.cut)
     return Sniffed(EMPTY, gz)
 
 
-def iter_lines(path: Path, gz: bool, wanted: set[int] | None = None) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the non-blank lines, only ``wanted`` ones when given."""
+class iter_lines:  # noqa: N801 - used as a function that also tells where a stream was cut
+    """(line number, text) of the non-blank lines, only ``wanted`` ones when given.
+
+    A compressed stream that is cut or corrupt ends the iteration after the last
+    complete line; :attr:`cut` is then the number of the line the cut fell in.
+    """
+
+    def __init__(
+        self, path: Path, gz: bool, wanted: set[int] | None = None, *, keep_blank: bool = False
+    ) -> None:
+        self.path, self.gz, self.wanted, self.keep_blank = path, gz, wanted, keep_blank
+        self.cut: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        number = 0
+        with open_text(self.path, self.gz) as fh:
+            while True:
+                try:
+                    line = fh.readline()
+                except TRUNCATED_ERRORS:
+                    self.cut = number + 1
+                    return
+                if not line:
+                    return
+                number += 1
+                if self.wanted is not None and number not in self.wanted:
+                    continue
+                if self.keep_blank or line.strip():
+                    yield number, line
+
+
+def read_text(path: Path, gz: bool) -> tuple[str, int | None]:
+    """The whole text, and the line a compressed stream was cut in (None when whole)."""
+    parts: list[str] = []
+    cut = None
     with open_text(path, gz) as fh:
-        for number, line in enumerate(fh, start=1):
-            if wanted is not None and number not in wanted:
-                continue
-            if line.strip():
-                yield number, line
+        while True:
+            try:
+                chunk = fh.read(1 << 20)
+            except TRUNCATED_ERRORS:
+                text = "".join(parts)
+                cut = text.count("\n") + 1
+                return text, cut
+            if not chunk:
+                return "".join(parts), cut
+            parts.append(chunk)
 
 
 def iter_documents(text: str) -> Iterator[tuple[int, Any]]:

@@ -1,83 +1,124 @@
-"""The fast path for OTLP JSON lines: parse, flatten and map inside DuckDB.
+"""The fast path for OTLP JSON lines: msgspec decodes, DuckDB maps.
 
-A Python loop of ``json.loads`` cannot go faster than CPython builds dicts, so big
-files (the Collector's file exporter writes one export request per line) are read by
-DuckDB (``sql/ingest_otlp_lines.sql``): ``read_csv`` yields each line with its number,
-``json_transform`` turns it into typed structs, and ``UNNEST`` walks resourceSpans →
-scopeSpans → spans into a temporary table, from which one ``INSERT … SELECT`` maps the
-spans into ``_tk_stage``. Such a file has few, long lines, which DuckDB would parse on
-one thread; an uncompressed file is therefore cut into as many ranges of lines as
-DuckDB has threads, parsed side by side. Lines the SQL does not decode exactly as
-:mod:`tracekit.analysis.ingest.otlp` would are marked ``odd`` and handed back to the
-caller, which decodes (and reports) them in Python.
+A Python loop of ``json.loads`` cannot go faster than CPython builds dicts. Here each
+line is decoded by msgspec against typed structs (:class:`_Doc`): ids, names, enums
+and times become Python values in C, while each span's attribute and link lists stay
+raw JSON bytes (``msgspec.Raw``, a slice of the line: no objects are built for them).
+A batch of spans becomes numpy columns, handed to DuckDB without copying row by row,
+and one ``INSERT … SELECT`` (``sql/ingest_otlp_lines.sql``, run on every DuckDB
+thread) turns the raw attribute lists into the stored JSON objects and the stage,
+time-kind, CPU/GPU and weight columns, and flags every span it would not decode
+exactly as the reference decoder (:mod:`tracekit.analysis.ingest.otlp`).
+
+Why msgspec: it is maintained, typed (a line either fits the OTLP schema or is
+handed over whole), several times faster than ``json`` at building exactly the
+fields we need, and ``Raw`` defers the rest. A line msgspec rejects (malformed JSON,
+enum names instead of numbers, api_v3's ``result`` wrapper, anything odd) and every
+line holding a span the SQL flags is decoded again by the reference decoder, so what
+is stored never depends on which path read it.
+
+Memory is bounded by :data:`BATCH_SPANS` (plus DuckDB's own buffer, which spills to
+disk): the file is streamed line by line, compressed or not.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.resources
-import json
-import os
 import re
+import zlib
+from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
+from typing import IO, Any
 
-import duckdb
+import msgspec
+import numpy as np
 
+from tracekit import conventions as cv
 from tracekit.analysis.ingest import staging
+from tracekit.analysis.ingest.otlp import attributes
+from tracekit.analysis.ingest.problems import ProblemLog
+from tracekit.analysis.ingest.rows import (
+    MAX_ATTR_CHARS,
+    Origin,
+    Resource,
+    dumps,
+    sample_weight,
+    threshold_weight,
+)
 from tracekit.analysis.store import Store
 
-_ANY_VALUE = {
-    "stringValue": "VARCHAR",
-    "boolValue": "BOOLEAN",
-    "intValue": "VARCHAR",
-    "doubleValue": "DOUBLE",
-    "bytesValue": "VARCHAR",
-    # Only tested for presence: such lines go to Python, which decodes nesting.
-    "arrayValue": "JSON",
-    "kvlistValue": "JSON",
-}
-_KEY_VALUES = [{"key": "VARCHAR", "value": _ANY_VALUE}]
-_RESOURCE_SPANS = [
-    {
-        "resource": {"attributes": _KEY_VALUES},
-        "scopeSpans": [
-            {
-                "spans": [
-                    {
-                        "traceId": "VARCHAR",
-                        "spanId": "VARCHAR",
-                        "parentSpanId": "VARCHAR",
-                        "name": "VARCHAR",
-                        "kind": "VARCHAR",
-                        "startTimeUnixNano": "VARCHAR",
-                        "endTimeUnixNano": "VARCHAR",
-                        "attributes": _KEY_VALUES,
-                        "links": [
-                            {"traceId": "VARCHAR", "spanId": "VARCHAR", "attributes": _KEY_VALUES}
-                        ],
-                        "status": {"code": "VARCHAR"},
-                    }
-                ]
-            }
-        ],
-    }
-]
-STRUCTURE = json.dumps({"resourceSpans": _RESOURCE_SPANS}, separators=(",", ":"))
-"""What ``json_transform`` extracts from a line. Jaeger api_v3's ``{"result": ...}``
-wrapper is left to Python: it is rare in line files, and a line without a bare
-``resourceSpans`` list is odd."""
+BATCH_SPANS = 100_000
+"""Spans decoded before they are handed to DuckDB (bounds the Python side's memory)."""
 
-_DOC_UNGUARDED = f"json_transform(line, '{STRUCTURE}')"
-_DOC_GUARDED = f"CASE WHEN json_valid(line) THEN json_transform(line, '{STRUCTURE}') END"
+TRUNCATED_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+"""What Python's gzip raises at a cut or corrupt stream."""
 
 
-SPLIT_BYTES = 16 << 20
-"""Files smaller than this are parsed as one range of lines (a range costs a file read)."""
+_ABSENT = msgspec.Raw(b"")
+"""Default of a nested value (msgspec cannot make ``Raw`` optional)."""
 
-MAX_RANGES = 8
-"""At most this many ranges: each reads the file from its start to the range's end."""
 
-_LAST_LINE = 2**62
-_BLOCK = 1 << 24
+class _AnyValue(msgspec.Struct):
+    stringValue: str | None = None
+    boolValue: bool | None = None
+    intValue: int | None = None
+    doubleValue: float | None = None
+    bytesValue: str | None = None
+    # Nested values are only noticed: such a span goes to the reference decoder.
+    arrayValue: msgspec.Raw = _ABSENT
+    kvlistValue: msgspec.Raw = _ABSENT
+
+
+class _KeyValue(msgspec.Struct):
+    key: str
+    value: _AnyValue | None = None
+
+
+class _Link(msgspec.Struct):
+    traceId: str = ""
+    spanId: str = ""
+    attributes: list[_KeyValue] = []
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+
+
+class _Span(msgspec.Struct):
+    traceId: str = ""
+    spanId: str = ""
+    parentSpanId: str = ""
+    name: str = ""
+    kind: int = 0
+    startTimeUnixNano: int = 0
+    endTimeUnixNano: int = 0
+    traceState: str = ""
+    attributes: list[_KeyValue] = []
+    links: list[_Link] = []
+    status: _Status | None = None
+
+
+class _Scope(msgspec.Struct):
+    spans: list[_Span] = []
+
+
+class _Resource(msgspec.Struct):
+    attributes: list[Any] = []
+
+
+class _ResourceSpans(msgspec.Struct):
+    resource: _Resource | None = None
+    scopeSpans: list[_Scope] = []
+
+
+class _Doc(msgspec.Struct):
+    resourceSpans: list[_ResourceSpans]
+
+
+_DECODER = msgspec.json.Decoder(_Doc, strict=False)
+"""``strict=False``: int64 fields may be JSON strings (as OTLP/JSON writes them)."""
 
 
 @cache
@@ -100,74 +141,266 @@ def _sections() -> dict[str, list[str]]:
     return out
 
 
-def line_ranges(path: str, parts: int) -> list[tuple[int, int]]:
-    """Cut the file into ``parts`` ranges of line numbers holding about as many bytes.
-
-    Any cut is correct (the ranges cover every line once); counting newlines only makes
-    the ranges even, so the parsers finish together.
-    """
-    size = os.path.getsize(path)
-    if parts <= 1 or size < SPLIT_BYTES:
-        return [(1, _LAST_LINE)]
-    ranges = []
-    first, newlines, offset = 1, 0, 0
-    with open(path, "rb") as fh:
-        for k in range(1, parts):
-            target = size * k // parts
-            while offset < target:
-                block = fh.read(min(_BLOCK, target - offset))
-                if not block:
-                    break
-                newlines += block.count(b"\n")
-                offset += len(block)
-            # The line holding byte `target` is number newlines + 1; it ends this range.
-            ranges.append((first, newlines + 1))
-            first = newlines + 2
-    ranges.append((first, _LAST_LINE))
-    return ranges
+def open_binary(path: Path, gz: bool) -> IO[bytes]:
+    if gz:
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile is IO[bytes]
+    return path.open("rb")
 
 
-def stage_lines(store: Store, path: str, *, gzip: bool, file_no: int, display: str) -> list[int]:
-    """Stage every clean span of an OTLP JSON-lines file; return the odd line numbers.
+class _Batch:
+    """Columns of decoded spans, flushed to ``_tk_stage`` every :data:`BATCH_SPANS`."""
 
-    Raises :class:`duckdb.Error` when DuckDB cannot read the file as lines at all (bad
-    UTF-8, a control character outside JSON strings); the caller then reads it in Python.
-    """
-    sql = _sections()
-    threads, ordered = staging.run(
-        store, "SELECT current_setting('threads'), current_setting('preserve_insertion_order')"
-    )[0]
-    # A gzip stream cannot be entered in the middle: every range would inflate it all.
-    ranges = [(1, _LAST_LINE)] if gzip else line_ranges(path, min(int(threads), MAX_RANGES))
-    params: dict[str, object] = {"path": path, "compression": "gzip" if gzip else "none"}
-    branches = []
-    for k, (first, last) in enumerate(ranges):
-        params[f"first_{k}"], params[f"last_{k}"] = first, last
-        branches.append(f"SELECT * FROM _tk_spans_of($path, $compression, $first_{k}, $last_{k})")
-    (spans,) = sql["spans"]
-    spans = spans.replace("{parts}", " UNION ALL ".join(branches))
-    (spans_of,) = sql["spans_of"]
-    try:
-        # Rows carry their line and position; DuckDB runs the branches of a UNION ALL
-        # side by side only when it need not keep their order.
-        staging.run(store, "SET preserve_insertion_order = false")
-        for statement in sql["macros"]:
-            staging.run(store, statement)
-        staging.run(store, spans_of.replace("{doc}", _DOC_UNGUARDED))
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+        self.scope_len: list[int] = []
+        self.scope_line: list[int] = []
+        self.scope_res: list[int] = []
+        self.scope_seq0: list[int] = []
+        self.res: list[tuple[Any, ...]] = []
+        self.n = 0
+
+    def add_line(self, doc: _Doc, lineno: int, origin: Origin) -> None:
+        c = self.cols
+        seq = 0
+        for rs in doc.resourceSpans:
+            attrs = attributes(rs.resource.attributes if rs.resource else None, origin, lineno)
+            r = Resource.from_attributes(attrs)
+            res_no = len(self.res)
+            self.res.append(
+                (
+                    res_no,
+                    r.service_name,
+                    r.service_version,
+                    r.instance_id,
+                    r.host_name,
+                    r.attributes_json,
+                )
+            )
+            for ss in rs.scopeSpans:
+                sp = ss.spans
+                if not sp:
+                    continue
+                c["trace_id"] += [s.traceId for s in sp]
+                c["span_id"] += [s.spanId for s in sp]
+                c["parent"] += [s.parentSpanId for s in sp]
+                c["name"] += [s.name for s in sp]
+                c["kind"] += [s.kind for s in sp]
+                c["start_ns"] += [s.startTimeUnixNano for s in sp]
+                c["end_ns"] += [s.endTimeUnixNano for s in sp]
+                c["status"] += [s.status.code if s.status else 0 for s in sp]
+                c["trace_state"] += [s.traceState for s in sp]
+                mapped = [_span_attributes(s.attributes, s.traceState) for s in sp]
+                for name, values in zip(_ATTR_COLUMNS, zip(*mapped, strict=True), strict=True):
+                    c[name] += values
+                c["links"] += [_links(s.links) if s.links else "[]" for s in sp]
+                self.scope_len.append(len(sp))
+                self.scope_line.append(lineno)
+                self.scope_res.append(res_no)
+                self.scope_seq0.append(seq)
+                seq += len(sp)
+                self.n += len(sp)
+
+    def flush(self, store: Store, *, file_no: int, display: str) -> None:
+        if not self.n:
+            return
+        lens = np.asarray(self.scope_len, dtype=np.int64)
+        starts = np.cumsum(lens) - lens
+        within = np.arange(self.n, dtype=np.int64) - np.repeat(starts, lens)
+        frame: dict[str, Any] = {
+            "lineno": np.repeat(np.asarray(self.scope_line, dtype=np.int64), lens),
+            "res": np.repeat(np.asarray(self.scope_res, dtype=np.int64), lens),
+            "seq": np.repeat(np.asarray(self.scope_seq0, dtype=np.int64), lens) + within,
+        }
+        for name, values in self.cols.items():
+            if name == "weight":
+                frame[name] = np.asarray(values, dtype=np.float64)
+            elif name == "odd":
+                frame[name] = np.asarray(values, dtype=bool)
+            elif name in _INT_COLUMNS:
+                try:
+                    frame[name] = np.asarray(values, dtype=np.int64)
+                except OverflowError:
+                    # uint64 times past int64 (garbage): DuckDB gets them as text and
+                    # marks the span odd for the reference decoder to report.
+                    frame[name] = _objects([str(v) for v in values])
+            else:
+                frame[name] = _objects(values)
+        res_cols = list(zip(*self.res, strict=True))
+        resources = {k: _objects(list(v)) for k, v in zip(_RES_COLUMNS, res_cols, strict=True)}
+        resources["res"] = np.asarray(res_cols[0], dtype=np.int64)
+        con = store.con
+        con.register("_tk_cols", frame)
+        con.register("_tk_res", resources)
         try:
-            staging.run(store, spans, params)
-        except duckdb.InvalidInputException:
-            # A malformed line: parse again with json_valid in front (two parses a line).
-            staging.run(store, spans_of.replace("{doc}", _DOC_GUARDED))
-            staging.run(store, spans, params)
-        for statement in sql["stage"]:
-            staging.run(store, statement, {"file_no": file_no, "display": display})
-    finally:
-        # The setting is global to the database: put back what the caller had.
-        staging.run(store, f"SET preserve_insertion_order = {'true' if ordered else 'false'}")
-        for statement in sql["cleanup"]:
-            staging.run(store, statement)
-    odd = [int(r[0]) for r in staging.run(store, staging.sql("odd_lines"), {"file_no": file_no})]
-    if odd:
-        staging.run(store, staging.sql("drop_odd_lines"), {"file_no": file_no})
-    return odd
+            for statement in _sections()["stage"]:
+                staging.run(store, statement, {"file_no": file_no, "display": display})
+        finally:
+            con.unregister("_tk_cols")
+            con.unregister("_tk_res")
+        self.reset()
+
+
+_ATTR_COLUMNS = ("attrs", "stage", "time_kind", "cpu_ns", "gpu_ns", "weight", "odd")
+_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status",
+    "trace_state",
+    "links",
+    *_ATTR_COLUMNS,
+)
+_INT_COLUMNS = frozenset({"kind", "start_ns", "end_ns", "status"})
+_ENCODE = msgspec.json.Encoder().encode
+_STAGE, _TIME_KIND, _CPU, _GPU, _WEIGHT = (
+    cv.STAGE,
+    cv.TIME_KIND,
+    cv.CPU_TIME_NS,
+    cv.GPU_TIME_NS,
+    cv.SAMPLE_WEIGHT,
+)
+_INF = float("inf")
+
+
+def _attribute_dict(kvs: list[_KeyValue]) -> tuple[dict[str, Any], bool]:
+    """The reference decoder's ``attributes()`` for flat values; True when it must decide.
+
+    Python's JSON writes floats outside [1e-4, 1e16) with an exponent msgspec spells
+    differently, and long strings are truncated with a problem logged: such spans, and
+    nested values, are left to the reference decoder. A later duplicate key wins, in
+    the first one's place, as in a dict.
+    """
+    out: dict[str, Any] = {}
+    odd = False
+    for kv in kvs:
+        v = kv.value
+        x: Any = None
+        if v is not None:
+            if (x := v.stringValue) is not None:
+                if len(x) > MAX_ATTR_CHARS:
+                    odd = True
+            elif (x := v.boolValue) is None and (x := v.intValue) is None:
+                if (x := v.doubleValue) is not None:
+                    if (x != 0.0 and not 1e-4 <= abs(x) < 1e16) or x != x:
+                        odd = True
+                elif (x := v.bytesValue) is None and (
+                    v.arrayValue is not _ABSENT or v.kvlistValue is not _ABSENT
+                ):
+                    odd = True
+        out[kv.key] = x
+    return out, odd
+
+
+def _span_attributes(kvs: list[_KeyValue], trace_state: str) -> tuple[Any, ...]:
+    """(attributes JSON, stage, time kind, CPU ns, GPU ns, weight, odd) of one span."""
+    if not kvs:
+        return b"{}", None, None, None, None, threshold_weight(trace_state) or 1.0, False
+    attrs, odd = _attribute_dict(kvs)
+    stage = attrs.get(_STAGE)
+    kind = attrs.get(_TIME_KIND)
+    weight = attrs.get(_WEIGHT)
+    return (
+        _ENCODE(attrs),
+        stage if type(stage) is str else None,
+        kind if type(kind) is str else None,
+        _int64(attrs.get(_CPU)),
+        _int64(attrs.get(_GPU)),
+        1.0 if weight is None and not trace_state else sample_weight(weight, trace_state),
+        odd,
+    )
+
+
+def _int64(v: Any) -> int | None:
+    # As rows._int_or_none: only real integers (not bools) that fit int64.
+    return v if type(v) is int and -(2**63) <= v < 2**63 else None
+
+
+def _links(links: list[_Link]) -> str | None:
+    """The stored links JSON, or None when the reference decoder must decide (odd ids)."""
+    out = []
+    for link in links:
+        tid, sid = link.traceId.lower(), link.spanId.lower()
+        if not (_HEX32.fullmatch(tid) and _HEX16.fullmatch(sid)):
+            return None
+        attrs, odd = _attribute_dict(link.attributes)
+        if odd:
+            return None
+        out.append({"trace_id": tid, "span_id": sid, "attributes": attrs})
+    return dumps(out)
+
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_RES_COLUMNS = ("res", "service_name", "service_version", "instance_id", "host_name", "ra_json")
+
+
+def _objects(values: list[Any]) -> Any:
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
+def stage_lines(
+    store: Store, path: str | Path, *, gzip: bool, file_no: int, display: str
+) -> list[int]:
+    """Stage the clean spans of an OTLP JSON-lines file; return the lines left to Python."""
+    origin = Origin(display, file_no, ProblemLog(strict=False))
+    return stream_lines(store, Path(path), gz=gzip, origin=origin)[0]
+
+
+def stream_lines(
+    store: Store, path: Path, *, gz: bool, origin: Origin
+) -> tuple[list[int], int | None]:
+    """Stage every span of an OTLP JSON-lines file that decodes cleanly.
+
+    Returns the numbers of the lines left to the reference decoder (they failed to
+    decode, or the SQL flagged a span of theirs), and the number of the line at which
+    a compressed stream was cut (None when the file is whole): every complete line
+    before the cut has been read.
+    """
+    for statement in _sections()["macros"]:
+        staging.run(store, statement)
+    odd: list[int] = []
+    batch = _Batch()
+    cut: int | None = None
+    lineno = 0
+    with open_binary(path, gz) as fh:
+        lines = _lines(fh)
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                break
+            except TRUNCATED_ERRORS:
+                cut = lineno + 1
+                break
+            lineno += 1
+            if len(line) < 3 and not line.strip():
+                continue
+            try:
+                doc = _DECODER.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                if line.strip():
+                    odd.append(lineno)
+                continue
+            batch.add_line(doc, lineno, origin)
+            if batch.n >= BATCH_SPANS:
+                batch.flush(store, file_no=origin.file_no, display=origin.display)
+    batch.flush(store, file_no=origin.file_no, display=origin.display)
+    flagged = [
+        int(r[0]) for r in staging.run(store, staging.sql("odd_lines"), {"file_no": origin.file_no})
+    ]
+    if flagged:
+        staging.run(store, staging.sql("drop_odd_lines"), {"file_no": origin.file_no})
+    return sorted(set(odd) | set(flagged)), cut
+
+
+def _lines(fh: IO[bytes]) -> Iterator[bytes]:
+    yield from fh

@@ -168,6 +168,7 @@ def _span(
             }
         )
     name = span.get("name")
+    trace_state = span.get("traceState")
     return make_row(
         trace_id=trace_id,
         span_id=span_id,
@@ -183,4 +184,5 @@ def _span(
         origin=origin,
         line=line,
         seq=seq,
+        trace_state=trace_state if isinstance(trace_state, str) else None,
     )

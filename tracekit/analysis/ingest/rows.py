@@ -25,8 +25,9 @@ from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import ProblemLog
 from tracekit.analysis.store import SPAN_COLUMNS
 
-STAGE_COLUMNS: tuple[str, ...] = (*SPAN_COLUMNS, "file_no", "lineno", "seq")
-"""A staged row: the span columns, then its origin (file number, line, position)."""
+STAGE_COLUMNS: tuple[str, ...] = (*SPAN_COLUMNS, "trace_state", "file_no", "lineno", "seq")
+"""A staged row: the span columns, the span's W3C tracestate, then its origin (file
+number, line, position)."""
 
 MAX_ATTR_CHARS = 4096
 """String attribute values longer than this are truncated (and counted as huge)."""
@@ -91,10 +92,32 @@ def _int_or_none(v: Any) -> int | None:
     return None
 
 
-def _weight(v: Any) -> float:
+_OT_ENTRY = re.compile(r"(?:^|,)[ \t]*ot=([^,]*)")
+_TH = re.compile(r"(?:^|;)th:([0-9a-f]{1,14})(?:;|$)")
+_TWO_56 = float(1 << 56)
+
+
+def threshold_weight(trace_state: str | None) -> float | None:
+    """Adjusted count from OTel probability sampling's ``ot=th:T`` in a W3C tracestate.
+
+    T is hex, right-padded with zeros to 14 digits (56 bits); a span kept when its
+    randomness is at least T stands for 2^56 / (2^56 - T) spans: ``th:0`` -> 1,
+    ``th:8`` -> 2, ``th:c`` -> 4. None when the tracestate has no valid threshold.
+    """
+    if not trace_state or "th:" not in trace_state:
+        return None
+    entry = _OT_ENTRY.search(trace_state)
+    th = _TH.search(entry.group(1)) if entry else None
+    if th is None:
+        return None
+    return _TWO_56 / (_TWO_56 - int(th.group(1).ljust(14, "0"), 16))
+
+
+def sample_weight(v: Any, trace_state: str | None) -> float:
+    """``tracekit.sample.weight`` when it is a number; else the tracestate's threshold; else 1."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
-    return 1.0
+    return threshold_weight(trace_state) or 1.0
 
 
 def normalize_id(raw: Any, width: int, origin: Origin, line: int) -> str | None:
@@ -200,6 +223,7 @@ def make_row(
     origin: Origin,
     line: int,
     seq: int,
+    trace_state: str | None = None,
 ) -> tuple[Any, ...]:
     """One staged row (see :data:`STAGE_COLUMNS`)."""
     return (
@@ -219,11 +243,12 @@ def make_row(
         _str_or_none(attrs.get(cv.TIME_KIND)),
         _int_or_none(attrs.get(cv.CPU_TIME_NS)),
         _int_or_none(attrs.get(cv.GPU_TIME_NS)),
-        _weight(attrs.get(cv.SAMPLE_WEIGHT)),
+        sample_weight(attrs.get(cv.SAMPLE_WEIGHT), trace_state),
         dumps(attrs),
         resource.attributes_json,
         dumps(links),
         origin.at(line),
+        trace_state or None,
         origin.file_no,
         line,
         seq,

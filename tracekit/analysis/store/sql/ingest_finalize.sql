@@ -10,7 +10,7 @@ CREATE OR REPLACE TEMP TABLE _tk_stage (
     service_name VARCHAR, service_version VARCHAR, instance_id VARCHAR, host_name VARCHAR,
     stage VARCHAR, time_kind VARCHAR, cpu_time_ns BIGINT, gpu_time_ns BIGINT,
     sample_weight DOUBLE, attributes VARCHAR, resource_attributes VARCHAR, links VARCHAR,
-    source VARCHAR, file_no INTEGER, lineno BIGINT, seq BIGINT, odd BOOLEAN
+    source VARCHAR, trace_state VARCHAR, file_no INTEGER, lineno BIGINT, seq BIGINT, odd BOOLEAN
 )
 
 -- name: odd_lines
@@ -53,7 +53,7 @@ INSERT INTO spans
 SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code,
        service_name, coalesce(service_version, $version), instance_id, host_name,
        stage, time_kind, cpu_time_ns, gpu_time_ns, sample_weight,
-       attributes::JSON, resource_attributes::JSON, links::JSON, source
+       attributes::JSON, resource_attributes::JSON, links::JSON, source, trace_state
 FROM _tk_stage s
 WHERE NOT EXISTS (
     SELECT 1 FROM spans p WHERE p.trace_id = s.trace_id AND p.span_id = s.span_id

@@ -24,8 +24,12 @@ CREATE TABLE IF NOT EXISTS spans (
     resource_attributes JSON,
     links               JSON,               -- [{"trace_id":..,"span_id":..,"attributes":{..}}]
     source              VARCHAR,            -- "file:line" the span came from
+    trace_state         VARCHAR,            -- W3C tracestate as the span carried it (sampling)
     PRIMARY KEY (trace_id, span_id)
 );
+
+-- Stores written before trace_state existed gain the column (NULL for their spans).
+ALTER TABLE spans ADD COLUMN IF NOT EXISTS trace_state VARCHAR;
 
 CREATE TABLE IF NOT EXISTS requests (
     trace_id          VARCHAR PRIMARY KEY,
