@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from tracekit.analysis.ingest.rows import Origin
 from tracekit.analysis.store import Store
 from tracekit.errors import ConfigError, IngestError
 
-__all__ = ["IngestReport", "Problem", "ingest_jaeger", "ingest_paths"]
+__all__ = ["IngestReport", "Problem", "ingest_documents", "ingest_jaeger", "ingest_paths"]
 
 
 def ingest_paths(
@@ -109,6 +109,32 @@ def ingest_jaeger(
     return _stage_and_store(
         store, read, [r.source for r in responses], version=version, strict=strict, started=started
     )
+
+
+def ingest_documents(
+    store: Store,
+    documents: Iterable[Any],
+    *,
+    source: str,
+    version: str | None = None,
+    strict: bool = False,
+) -> IngestReport:
+    """Store already-decoded trace documents (OTLP JSON dicts, hex ids) like a file of them.
+
+    The same decoders and staging steps as :func:`ingest_paths`, so a span gives the
+    same row either way; the N-th document's spans have ``source`` ``SOURCE:N`` where a
+    file's would have ``file:line``. Does not refresh attribution (see
+    :func:`tracekit.analysis.attribution.payloads.ingest_otlp_payloads`).
+    """
+    started = time.perf_counter()
+
+    def read(reader: _Reader) -> None:
+        origin = Origin(source, 0, reader.log)
+        reader.log.current_file = source
+        for number, doc in enumerate(documents, start=1):
+            reader.dispatch(doc, origin, number, whole_file=None)
+
+    return _stage_and_store(store, read, [source], version=version, strict=strict, started=started)
 
 
 def _stage_and_store(

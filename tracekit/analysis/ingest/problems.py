@@ -78,6 +78,10 @@ class IngestReport:
     """Lines, traces, spans or files dropped; non-zero makes ``tracekit ingest`` exit 2."""
     trace_ids: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    requests_attributed: int = 0
+    """Requests whose attribution was rebuilt, when the caller refreshed it."""
+    stopped: str = ""
+    """For a pull from a service: how many traces came back and why the pull stopped."""
 
     @property
     def skipping_problems(self) -> list[Problem]:
