@@ -31,6 +31,57 @@ class StandIn:
         self.v3 = True
         self.v3_empty = False
         self.requests: list[tuple[str, dict[str, list[str]]]] = []
+        self.paged: list[tuple[str, int]] | None = None
+        """(trace id, start ns): answer searches over these as Jaeger does (most recent
+        first, at most as many as asked, start within the window)."""
+
+    def search(self, lo_ns: int, hi_ns: int, n: int) -> list[tuple[str, int]]:
+        assert self.paged is not None
+        hits = [(t, s) for t, s in self.paged if lo_ns <= s <= hi_ns]
+        return sorted(hits, key=lambda ts: -ts[1])[:n]
+
+
+def _rfc_ns(text: str) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e6) * 1000
+
+
+def _v3_body(hits: list[tuple[str, int]]) -> dict[str, Any]:
+    spans = [
+        {
+            "traceId": t,
+            "spanId": t[:16],
+            "name": "GET /x",
+            "kind": 2,
+            "startTimeUnixNano": str(s),
+            "endTimeUnixNano": str(s + 1000),
+        }
+        for t, s in hits
+    ]
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}}]}
+    return {"result": {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}}
+
+
+def _legacy_body(hits: list[tuple[str, int]]) -> dict[str, Any]:
+    data = [
+        {
+            "traceID": t,
+            "spans": [
+                {
+                    "traceID": t,
+                    "spanID": t[:16],
+                    "operationName": "GET /x",
+                    "startTime": s // 1000,
+                    "duration": 1,
+                    "processID": "p1",
+                }
+            ],
+            "processes": {"p1": {"serviceName": "svc", "tags": []}},
+        }
+        for t, s in hits
+    ]
+    return {"data": data}
 
 
 @pytest.fixture
@@ -41,6 +92,19 @@ def jaeger(corpus_dir: Path) -> Iterator[tuple[str, StandIn]]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             url = urlparse(self.path)
             state.requests.append((url.path, parse_qs(url.query)))
+            q = parse_qs(url.query)
+            if state.paged is not None and url.path == "/api/v3/traces" and state.v3:
+                hits = state.search(
+                    _rfc_ns(q["query.start_time_min"][0]),
+                    _rfc_ns(q["query.start_time_max"][0]),
+                    int(q["query.num_traces"][0]),
+                )
+                if not hits:
+                    return self._send(404, {"error": {"httpCode": 404, "message": "none"}})
+                return self._send(200, _v3_body(hits))
+            if state.paged is not None and url.path == "/api/traces":
+                lo, hi = int(q["start"][0]) * 1000, int(q["end"][0]) * 1000
+                return self._send(200, _legacy_body(state.search(lo, hi, int(q["limit"][0]))))
             if url.path == "/api/v3/traces" and state.v3:
                 if state.v3_empty:
                     return self._send(
@@ -141,3 +205,49 @@ def test_a_pull_that_hits_the_limit_says_older_traces_were_left_out(
     assert "pulled --limit 1 traces" in capsys.readouterr().err
     assert main([*argv[:-4], "--limit", "50", "--db", str(db)]) == 0
     assert "--limit" not in capsys.readouterr().err
+
+
+def _traces(n: int) -> list[tuple[str, int]]:
+    import time
+
+    now = int(time.time() * 1e6) * 1000
+    # Two traces share a start at every fifth step: a page boundary may fall between them.
+    return [
+        (f"{i + 1:032x}", now - 1_000_000_000 * (i + 1) // (2 if i % 5 else 1)) for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("v3", [True, False])
+def test_a_pull_pages_through_the_window_until_it_holds_no_more(
+    store, jaeger, monkeypatch, v3: bool
+) -> None:
+    from tracekit.analysis.ingest import jaeger_api
+
+    url, state = jaeger
+    state.v3 = v3
+    state.paged = _traces(47)
+    monkeypatch.setattr(jaeger_api, "PAGE_TRACES", 10)
+    report = ingest_jaeger(store, url, "svc", since="2h")
+    assert report.traces == 47 and report.counts.get("duplicate", 0) == 0
+    searches = [p for p, _ in state.requests if p == ("/api/v3/traces" if v3 else "/api/traces")]
+    assert len(searches) >= 5
+    assert report.stopped.startswith("Jaeger returned 47 traces in ")
+    assert report.stopped.endswith("stopped: no more traces in the --since window")
+
+
+def test_a_pull_stops_at_the_limit_and_says_so(store, jaeger, monkeypatch, capsys) -> None:
+    from tracekit.analysis.ingest import jaeger_api
+    from tracekit.cli import main
+
+    url, state = jaeger
+    state.paged = _traces(47)
+    monkeypatch.setattr(jaeger_api, "PAGE_TRACES", 10)
+    report = ingest_jaeger(store, url, "svc", since="2h", limit=23)
+    assert report.traces == 23
+    assert report.stopped == "Jaeger returned 23 traces in 3 requests; stopped: reached --limit 23"
+    db = str(store.path) + ".cli.duckdb"
+    argv = ["ingest", "--jaeger", url, "--service", "svc", "--limit", "23", "--db", db]
+    assert main(argv) == 0
+    assert "Jaeger returned 23 traces in 3 requests; stopped: reached --limit 23" in (
+        capsys.readouterr().out
+    )

@@ -130,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
             "were left out; raise --limit or narrow --since to compare whole releases",
             file=sys.stderr,
         )
+    if args.jaeger and report.stopped:
+        print(report.stopped)  # how many traces came back and why the pull stopped
     line = report.summary_line() + f" ({report.seconds:.2f} s)"
     line += f"; {requests:,} requests attributed"
     print(line)

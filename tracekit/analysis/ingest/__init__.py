@@ -88,13 +88,17 @@ def ingest_jaeger(
     version: str | None = None,
     strict: bool = False,
 ) -> IngestReport:
-    """Pull ``service``'s recent traces from a running Jaeger (api_v3, else legacy API)."""
+    """Pull ``service``'s recent traces from a running Jaeger (api_v3, else legacy API).
+
+    Pages through the ``since`` window until ``limit`` traces came back or the window
+    holds no more; ``report.stopped`` says how many came back and why it stopped.
+    """
     from tracekit.analysis.ingest import jaeger_api
 
     started = time.perf_counter()
-    responses = jaeger_api.fetch_traces(
-        url, service, since=since, limit=jaeger_api.DEFAULT_LIMIT if limit is None else limit
-    )
+    cap = jaeger_api.DEFAULT_LIMIT if limit is None else limit
+    pull = jaeger_api.pull_traces(url, service, since=since, limit=cap)
+    responses = pull.responses
 
     def read(reader: _Reader) -> None:
         try:
@@ -106,9 +110,11 @@ def ingest_jaeger(
         except json.JSONDecodeError as exc:
             raise IngestError(f"{url}", f"Jaeger answered with invalid JSON: {exc}") from exc
 
-    return _stage_and_store(
+    report = _stage_and_store(
         store, read, [r.source for r in responses], version=version, strict=strict, started=started
     )
+    report.stopped = pull.summary(cap)
+    return report
 
 
 def ingest_documents(

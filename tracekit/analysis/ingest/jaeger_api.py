@@ -6,16 +6,22 @@ api_v3 first: ``GET /api/v3/traces?query.service_name=…&query.start_time_min=�
 ``{"error": {"httpCode": 404, "message": "No traces found"}}`` when nothing matched. A
 Jaeger without api_v3 answers 404 without that body; then the legacy UI API
 ``GET /api/traces?service=…&lookback=…&limit=…`` (``{"data": [trace, …]}``) is used.
-This module only fetches; :func:`tracekit.analysis.ingest.ingest_jaeger` decodes.
+Neither API has a page token: :func:`pull_traces` pages by moving the window's end back
+to the earliest trace received, until ``limit`` traces came back or the window holds no
+more, and says which. This module only fetches; :func:`tracekit.analysis.ingest.ingest_jaeger`
+decodes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 
+from tracekit.analysis.ingest.detect import iter_documents
 from tracekit.errors import IngestError
 from tracekit.units import parse_duration
 
@@ -45,6 +51,31 @@ def _rfc3339(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+PAGE_TRACES = 1000
+"""Traces asked for per request; a pull pages through its window in requests of this many."""
+
+
+@dataclass
+class Pull:
+    """What a pull brought back: the answer bodies, how many traces, and why it stopped."""
+
+    responses: list[JaegerResponse] = field(default_factory=list)
+    traces: int = 0
+    pages: int = 0
+    stopped: str = ""
+    """``limit`` (--limit traces came back), ``window`` (the --since window holds no
+    more), ``stalled`` (a whole page started at one instant: the window cannot move)."""
+
+    def summary(self, limit: int) -> str:
+        why = {
+            "limit": f"reached --limit {limit:,}",
+            "window": "no more traces in the --since window",
+            "stalled": "a page of traces all started at the same instant; paging cannot go on",
+        }[self.stopped]
+        pages = "request" if self.pages == 1 else "requests"
+        return f"Jaeger returned {self.traces:,} traces in {self.pages} {pages}; stopped: {why}"
+
+
 def fetch_traces(
     url: str,
     service: str,
@@ -55,44 +86,197 @@ def fetch_traces(
     timeout: float = 30.0,
     transport: httpx.BaseTransport | None = None,
 ) -> list[JaegerResponse]:
-    """The traces of ``service`` that started in the last ``since``, at most ``limit``."""
+    """The answer bodies of :func:`pull_traces`."""
+    return pull_traces(
+        url, service, since=since, limit=limit, now=now, timeout=timeout, transport=transport
+    ).responses
+
+
+def pull_traces(
+    url: str,
+    service: str,
+    *,
+    since: str = "1h",
+    limit: int = DEFAULT_LIMIT,
+    now: datetime | None = None,
+    timeout: float = 30.0,
+    transport: httpx.BaseTransport | None = None,
+    page: int | None = None,
+) -> Pull:
+    """The traces of ``service`` that started in the last ``since``, at most ``limit``.
+
+    Jaeger answers a search with the most recent traces of the window, at most as many
+    as asked; neither API has a page token. So the window's end moves back to the
+    earliest start of the traces already received, page after page, until ``limit``
+    traces came back or a page comes back short (the window holds no more). A trace
+    seen twice (it started at a page boundary) is kept once.
+    """
+    page = page or PAGE_TRACES
     window = parse_since(since)
-    end = now or datetime.now(UTC)
-    start = end - window
+    end_ns = _ns(now or datetime.now(UTC))
+    start_ns = end_ns - int(window.total_seconds() * 1e9)
     base = url.rstrip("/")
+    pull = Pull()
+    seen: set[str] = set()
+    at_end = 0  # traces received that start exactly at the window's end: they come again
+    api: str | None = None
     with httpx.Client(base_url=base, timeout=timeout, transport=transport) as client:
-        v3 = _get(
-            client,
-            base,
-            V3_PATH,
-            {
-                "query.service_name": service,
-                "query.start_time_min": _rfc3339(start),
-                "query.start_time_max": _rfc3339(end),
-                "query.num_traces": str(limit),
-            },
-        )
-        if v3.status_code == 200:
-            return [JaegerResponse(f"{base}{V3_PATH}", "v3", v3.text)]
-        if v3.status_code == 404 and _is_v3_error(v3):
-            return []  # api_v3 is there and found nothing
-        if v3.status_code not in (404, 405):
-            raise _http_error(base, V3_PATH, v3)
-        legacy = _get(
-            client,
-            base,
-            LEGACY_PATH,
-            {
-                "service": service,
-                "lookback": since,
-                "limit": str(limit),
-                "start": str(int(start.timestamp() * 1_000_000)),
-                "end": str(int(end.timestamp() * 1_000_000)),
-            },
-        )
-        if legacy.status_code != 200:
-            raise _http_error(base, LEGACY_PATH, legacy)
-        return [JaegerResponse(f"{base}{LEGACY_PATH}", "legacy", legacy.text)]
+        while True:
+            want = min(page, limit - pull.traces + at_end)
+            if api != "legacy":
+                response = _get(client, base, V3_PATH, _v3_params(service, start_ns, end_ns, want))
+                if response.status_code == 200:
+                    api = "v3"
+                elif response.status_code == 404 and _is_v3_error(response):
+                    api = "v3"  # api_v3 is there and found nothing (more)
+                    pull.pages += 1
+                    pull.stopped = "window"
+                    return pull
+                elif api is None and response.status_code in (404, 405):
+                    api = "legacy"
+                else:
+                    raise _http_error(base, V3_PATH, response)
+            if api == "legacy":
+                params = _legacy_params(service, since, start_ns, end_ns, want)
+                response = _get(client, base, LEGACY_PATH, params)
+                if response.status_code != 200:
+                    raise _http_error(base, LEGACY_PATH, response)
+            pull.pages += 1
+            path = V3_PATH if api == "v3" else LEGACY_PATH
+            text, starts = _new_traces(response.text, api or "v3", seen, limit - pull.traces)
+            returned = _returned(response.text, api or "v3")
+            pull.traces += len(starts)
+            if starts:
+                pull.responses.append(JaegerResponse(f"{base}{path}", api or "v3", text))
+            if pull.traces >= limit:
+                pull.stopped = "limit"
+                return pull
+            if returned < want:
+                pull.stopped = "window"
+                return pull
+            earliest = min(starts.values(), default=end_ns)
+            if earliest >= end_ns or earliest <= start_ns:
+                pull.stopped = "stalled" if earliest >= end_ns else "window"
+                return pull
+            end_ns = earliest
+            at_end = sum(1 for s in starts.values() if s == end_ns)
+
+
+def _ns(t: datetime) -> int:
+    return int(t.timestamp() * 1_000_000) * 1000
+
+
+def _rfc3339_ns(ns: int) -> str:
+    return _rfc3339(datetime.fromtimestamp(ns / 1e9, UTC))
+
+
+def _v3_params(service: str, start_ns: int, end_ns: int, want: int) -> dict[str, str]:
+    return {
+        "query.service_name": service,
+        "query.start_time_min": _rfc3339_ns(start_ns),
+        "query.start_time_max": _rfc3339_ns(end_ns),
+        "query.num_traces": str(want),
+    }
+
+
+def _legacy_params(
+    service: str, since: str, start_ns: int, end_ns: int, want: int
+) -> dict[str, str]:
+    return {
+        "service": service,
+        "lookback": since,
+        "limit": str(want),
+        "start": str(start_ns // 1000),
+        "end": str(end_ns // 1000),
+    }
+
+
+def _returned(text: str, api: str) -> int:
+    """Distinct traces in one answer (before dropping those already seen)."""
+    return len(_trace_starts(_documents(text), api))
+
+
+def _documents(text: str) -> list[Any]:
+    try:
+        return [doc for _, doc in iter_documents(text)]
+    except json.JSONDecodeError:
+        return []  # the decoder reports it where it reads the body
+
+
+def _trace_starts(docs: list[Any], api: str) -> dict[str, int]:
+    """Trace id -> earliest span start (ns) of every trace in the answer."""
+    out: dict[str, int] = {}
+
+    def note(tid: Any, start: Any, scale: int) -> None:
+        try:
+            ns = int(start) * scale
+        except (TypeError, ValueError):
+            ns = 0
+        key = str(tid).lower()
+        out[key] = min(out.get(key, ns), ns)
+
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        if api == "v3":
+            result = doc.get("result", doc)
+            for rs in _list(result.get("resourceSpans") if isinstance(result, dict) else None):
+                for ss in _list(rs.get("scopeSpans") if isinstance(rs, dict) else None):
+                    for span in _list(ss.get("spans") if isinstance(ss, dict) else None):
+                        if isinstance(span, dict):
+                            note(span.get("traceId"), span.get("startTimeUnixNano"), 1)
+        else:
+            for trace in _list(doc.get("data")):
+                for span in _list(trace.get("spans") if isinstance(trace, dict) else None):
+                    if isinstance(span, dict):
+                        note(span.get("traceID"), span.get("startTime"), 1000)
+    return out
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _new_traces(text: str, api: str, seen: set[str], room: int) -> tuple[str, dict[str, int]]:
+    """The answer without traces already received (and past ``room``), and their starts.
+
+    Jaeger lists the most recent first; when more came back than ``room``, the most
+    recent ``room`` are kept.
+    """
+    docs = _documents(text)
+    starts = _trace_starts(docs, api)
+    fresh = {t: s for t, s in starts.items() if t not in seen}
+    if len(fresh) > room:
+        fresh = dict(sorted(fresh.items(), key=lambda kv: -kv[1])[:room])
+    seen.update(fresh)
+    if len(fresh) == len(starts) or not docs:
+        return text, fresh
+    keep = set(fresh)
+    for doc in docs:
+        _filter(doc, api, keep)
+    return "\n".join(json.dumps(d) for d in docs), fresh
+
+
+def _filter(doc: Any, api: str, keep: set[str]) -> None:
+    if not isinstance(doc, dict):
+        return
+    if api == "v3":
+        result = doc.get("result", doc)
+        for rs in _list(result.get("resourceSpans") if isinstance(result, dict) else None):
+            for ss in _list(rs.get("scopeSpans") if isinstance(rs, dict) else None):
+                if isinstance(ss, dict):
+                    ss["spans"] = [
+                        s
+                        for s in _list(ss.get("spans"))
+                        if isinstance(s, dict) and str(s.get("traceId")).lower() in keep
+                    ]
+    else:
+        doc["data"] = [
+            t
+            for t in _list(doc.get("data"))
+            if isinstance(t, dict)
+            and any(str(s.get("traceID")).lower() in keep for s in _list(t.get("spans")))
+        ]
 
 
 def _get(client: httpx.Client, base: str, path: str, params: dict[str, str]) -> httpx.Response:
