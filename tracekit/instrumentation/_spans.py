@@ -1,4 +1,4 @@
-"""Spans that cost the request path a few microseconds: :class:`FastSpan` and its tracer.
+"""Spans that cost the request path a few microseconds: :class:`FastSpan`.
 
 An OpenTelemetry SDK span costs tens of microseconds to start and end (locks, bounded
 attribute maps, processor calls, a ``ReadableSpan`` copy at the end). A ``FastSpan``
@@ -16,13 +16,12 @@ started under anyone's span takes that span as its parent. Sampling follows the
 provider's sampler: a parent-based one (tracekit's always is) decides from the
 parent's flag without a call; any other sampler is asked, as the SDK would.
 
-:class:`FastTracer` has the ``trace.Tracer`` interface, so OTel instrumentations given
-:data:`FAST_PROVIDER` (tracekit's httpx client spans) record this way too.
+They are started by :mod:`._tracer`; this module also holds the fast OTel-context
+helpers the stage context managers share.
 """
 
 from __future__ import annotations
 
-import random
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -42,21 +41,14 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.status import Status, StatusCode
 
-from tracekit.instrumentation import setup
 from tracekit.instrumentation._recorder import RECORDER
 
-_INTERNAL = SpanKind.INTERNAL
-_SAMPLED = int(TraceFlags.SAMPLED)
-_RANDOM = int(TraceFlags.RANDOM_TRACE_ID)
-_INVALID = trace.INVALID_SPAN
-_bits = random.getrandbits
 _time_ns = time.time_ns
 _QUEUE = RECORDER.queue  # the same deque for the life of the process (cleared at fork)
-_STATE = setup._STATE  # mutated by configure(), never replaced
 
 # --- the OTel context, without the API's indirections ------------------------------
 # The API's attach/detach go through two layers of calls and a try/except each; with
@@ -85,17 +77,6 @@ else:  # pragma: no cover - a custom OTEL_PYTHON_CONTEXT runtime
 
     def detach(token: Any) -> None:
         otel_context.detach(token)
-
-
-_DEFAULT_OPTS = (True, True)  # (record_exception, set_status_on_exception)
-
-
-def _new_span_id() -> int:
-    return _bits(64) or _bits(64) or 1
-
-
-def _custom_span_id(sink: _Sink) -> int:
-    return int(sink.tracer.id_generator.generate_span_id())
 
 
 class _Sink:
@@ -289,209 +270,3 @@ class FastSpan(trace.Span):
             span.update_name(self._rename)
         self._parent = self._pctx = None  # a child's reference must not keep contexts alive
         span.end(end_time=self._end)
-
-
-class _AsCurrent:
-    """``start_as_current_span``'s context manager, as ``trace.use_span`` behaves."""
-
-    __slots__ = ("span", "token", "end_on_exit", "record_exception", "set_status")
-
-    def __init__(self, span: trace.Span, end_on_exit: bool, record: bool, status: bool) -> None:
-        self.span, self.end_on_exit = span, end_on_exit
-        self.token: object = None
-        self.record_exception, self.set_status = record, status
-
-    def __enter__(self) -> trace.Span:
-        self.token = attach_span(self.span)
-        return self.span
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        span = self.span
-        detach(self.token)
-        # like use_span: only Exception subclasses (not GeneratorExit, cancellation) are errors
-        if isinstance(exc, Exception) and span.is_recording():
-            if self.record_exception:
-                span.record_exception(exc)
-            if self.set_status:
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        if self.end_on_exit:
-            span.end()
-
-
-class FastTracer(trace.Tracer):
-    """A ``trace.Tracer`` whose spans are :class:`FastSpan`\\ s of the current configuration.
-
-    Before ``configure()`` (and after ``shutdown()``) its spans are no-ops, as the
-    proxy tracer's are.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        version: str | None = None,
-        schema_url: str | None = None,
-        attributes: Any = None,
-    ) -> None:
-        self._scope = (name, version, schema_url, attributes)
-        self._generation = -1
-        self._sink: _Sink | None = None
-
-    def _refresh(self) -> _Sink | None:
-        state = setup._STATE
-        provider = state.provider
-        tracer = provider.get_tracer(*self._scope) if provider is not None else None
-        self._sink = _Sink(tracer) if isinstance(tracer, SdkTracer) else None
-        self._generation = state.generation
-        return self._sink
-
-    def start_span(
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: SpanKind = _INTERNAL,
-        attributes: Mapping[str, Any] | None = None,
-        links: Sequence[trace.Link] | None = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-    ) -> trace.Span:
-        sink = self._sink if self._generation == _STATE.generation else self._refresh()
-        if sink is None:
-            return _INVALID
-        ctx = current_context() if context is None else context
-        parent: Any = ctx.get(_SPAN_KEY)
-        opts = _DEFAULT_OPTS if record_exception and set_status_on_exception else (
-            record_exception, set_status_on_exception)  # fmt: skip
-        if sink.follows_parent and parent is not None:
-            span_id = (_bits(64) or _new_span_id()) if sink.random_ids else _custom_span_id(sink)
-            if type(parent) is FastSpan:
-                if parent._trace[1] & _SAMPLED:
-                    return FastSpan(
-                        sink, name, kind, span_id, parent._trace, parent, ctx, attributes,
-                        links, start_time, opts,
-                    )  # fmt: skip
-            else:
-                # SpanContext is a tuple: (trace_id, span_id, is_remote, flags, state, is_valid);
-                # indexing it skips five property calls on the hot path
-                psc: Any = parent.get_span_context()
-                if psc[5]:
-                    flags = psc[3]
-                    if flags & _SAMPLED:
-                        return FastSpan(
-                            sink, name, kind, span_id,
-                            (psc[0], _SAMPLED | (flags & _RANDOM), psc[4]), psc, ctx,
-                            attributes, links, start_time, opts,
-                        )  # fmt: skip
-                    # parent not sampled: neither is this, and nothing is recorded
-                    return NonRecordingSpan(
-                        SpanContext(psc[0], span_id, False, TraceFlags(flags & _RANDOM), psc[4])
-                    )
-        return self._ask_sampler(
-            sink, name, context, ctx, parent, kind, attributes, links, start_time, opts
-        )
-
-    def _ask_sampler(
-        self,
-        sink: _Sink,
-        name: str,
-        context: Context | None,
-        ctx: Context,
-        parent: Any,
-        kind: SpanKind,
-        attributes: Mapping[str, Any] | None,
-        links: Sequence[trace.Link] | None,
-        start_time: int | None,
-        exc_opts: tuple[bool, bool],
-    ) -> trace.Span:
-        """A root span, or any span under a sampler that is not parent-based: as the SDK does."""
-        t = sink.tracer
-        psc = parent.get_span_context() if parent is not None else None
-        if psc is None or not psc.is_valid:
-            psc = None
-            trace_id = t.id_generator.generate_trace_id()
-            random_id = t.id_generator.is_trace_id_random()
-        else:
-            trace_id = psc.trace_id
-            random_id = psc.trace_flags.random_trace_id
-        result = t.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        decision: Any = result.decision
-        flags = (_SAMPLED if decision.is_sampled() else 0) | (_RANDOM if random_id else 0)
-        span_id = t.id_generator.generate_span_id()
-        if not decision.is_recording():
-            return NonRecordingSpan(
-                SpanContext(trace_id, span_id, False, TraceFlags(flags), result.trace_state)
-            )
-        if type(parent) is not FastSpan:
-            parent = psc
-        return FastSpan(
-            sink, name, kind, span_id, (trace_id, flags, result.trace_state), parent, ctx,
-            result.attributes, links, start_time, exc_opts,
-        )  # fmt: skip
-
-    def start_as_current_span(  # type: ignore[override]
-        self,
-        name: str,
-        context: Context | None = None,
-        kind: SpanKind = _INTERNAL,
-        attributes: Mapping[str, Any] | None = None,
-        links: Sequence[trace.Link] | None = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-        end_on_exit: bool = True,
-    ) -> _AsCurrent:
-        """A span made current for a ``with`` block (not usable as a decorator)."""
-        span = self.start_span(
-            name, context, kind, attributes, links, start_time, record_exception,
-            set_status_on_exception,
-        )  # fmt: skip
-        return _AsCurrent(span, end_on_exit, record_exception, set_status_on_exception)
-
-
-class FastTracerProvider(trace.TracerProvider):
-    """Hands out :class:`FastTracer`\\ s; give it to OTel instrumentations to make their spans cheap."""
-
-    def __init__(self) -> None:
-        self._tracers: dict[tuple[Any, ...], FastTracer] = {}
-
-    def get_tracer(
-        self,
-        instrumenting_module_name: str,
-        instrumenting_library_version: str | None = None,
-        schema_url: str | None = None,
-        attributes: Any = None,
-    ) -> trace.Tracer:
-        key = (instrumenting_module_name, instrumenting_library_version, schema_url)
-        if attributes:  # attributes are a mapping, not hashable: such tracers are not shared
-            return FastTracer(*key, attributes)
-        tracer = self._tracers.get(key)
-        if tracer is None:
-            tracer = self._tracers[key] = FastTracer(*key)
-        return tracer
-
-
-FAST_PROVIDER = FastTracerProvider()
-"""Passed to the OTel instrumentations tracekit wraps (httpx): their spans become FastSpans."""
-
-
-def start_child(
-    name: str,
-    *,
-    attributes: Mapping[str, Any] | None = None,
-    kind: SpanKind = _INTERNAL,
-    links: Sequence[trace.Link] | None = None,
-    start_time: int | None = None,
-    scope: str = "tracekit",
-    context: Context | None = None,
-) -> trace.Span:
-    """Start a span under the current one (a stage, a request, anyone's OTel span).
-
-    The span is *not* made current; end it with ``span.end(end_time=...)`` (epoch ns,
-    default now) — from any thread, later. ``attributes`` is kept by reference, so
-    don't mutate it afterwards. ``scope`` is the instrumentation scope the exporter
-    shows (e.g. ``"tracekit.training"``). Before ``configure()`` it returns a
-    non-recording span. Costs a few microseconds; never raises for a valid call.
-    """
-    return FAST_PROVIDER.get_tracer(scope).start_span(
-        name, context, kind, attributes, links, start_time
-    )

@@ -41,7 +41,8 @@ from opentelemetry.context import Context
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard, _state
-from tracekit.instrumentation._spans import FAST_PROVIDER, attach_span, current_context, detach
+from tracekit.instrumentation._spans import attach_span, current_context, detach
+from tracekit.instrumentation._tracer import FAST_PROVIDER
 from tracekit.instrumentation.stages import record_error
 from tracekit.instrumentation.torch import BATCH_SINK
 

@@ -21,7 +21,7 @@ import httpx
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
-from tracekit.instrumentation._spans import FAST_PROVIDER
+from tracekit.instrumentation._tracer import FAST_PROVIDER
 from tracekit.instrumentation.setup import use_stable_http_semconv
 
 Client = TypeVar("Client", httpx.Client, httpx.AsyncClient)

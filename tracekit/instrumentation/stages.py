@@ -34,13 +34,8 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 from tracekit import conventions as c
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
-from tracekit.instrumentation._spans import (
-    FAST_PROVIDER,
-    FastSpan,
-    attach_span,
-    current_context,
-    detach,
-)
+from tracekit.instrumentation._spans import FastSpan, attach_span, current_context, detach
+from tracekit.instrumentation._tracer import FAST_PROVIDER
 
 F = TypeVar("F", bound=Callable[..., Any])
 
