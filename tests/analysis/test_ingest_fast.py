@@ -143,3 +143,25 @@ def test_repeated_span_in_one_line_keeps_the_first_as_python_does(tmp_path: Path
         report = ingest_paths(s, [path])
         assert report.counts == {"duplicate": 2}
         assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_a_directory_of_small_per_rank_files_stores_what_one_file_does(tmp_path: Path) -> None:
+    b = build(30)
+    whole = b.write_jsonl(tmp_path / "whole.jsonl", spans_per_line=3)
+    lines = whole.read_text().splitlines(keepends=True)
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for k in range(0, len(lines), 2):
+        (ranks / f"rank{k:04d}.jsonl").write_text("".join(lines[k : k + 2]))
+    # One rank file needs the reference decoder (api_v3 wrapper): counted as its own.
+    odd_doc = {"result": json.loads(lines[0])}
+    (ranks / "rank0000.jsonl").write_text(json.dumps(odd_doc) + "\n" + lines[1])
+    with open_store(tmp_path / "one.duckdb") as s:
+        ingest_paths(s, [whole])
+        one = rows(s)
+    with open_store(tmp_path / "many.duckdb") as s:
+        report = ingest_paths(s, [ranks])
+        assert report.files == len(list(ranks.iterdir())) and report.skipped == 0
+        logged = s.run("SELECT sum(spans), count(*) FROM ingest_log")
+        assert logged == [(len(b.spans), report.files)]
+        assert rows(s) == one

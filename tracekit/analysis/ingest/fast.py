@@ -147,7 +147,7 @@ def open_binary(path: Path, gz: bool) -> IO[bytes]:
     return path.open("rb")
 
 
-class _Batch:
+class Batch:
     """Columns of decoded spans, flushed to ``_tk_stage`` every :data:`BATCH_SPANS`."""
 
     def __init__(self) -> None:
@@ -160,9 +160,13 @@ class _Batch:
         self.scope_res: list[int] = []
         self.scope_seq0: list[int] = []
         self.res: list[tuple[Any, ...]] = []
+        self.scope_file: list[int] = []
+        self.files: dict[int, str] = {}
         self.n = 0
 
     def add_line(self, doc: _Doc, lineno: int, origin: Origin) -> None:
+        if origin.file_no not in self.files:
+            self.files[origin.file_no] = origin.display
         c = self.cols
         seq = 0
         for rs in doc.resourceSpans:
@@ -198,12 +202,13 @@ class _Batch:
                 c["links"] += [_links(s.links) if s.links else "[]" for s in sp]
                 self.scope_len.append(len(sp))
                 self.scope_line.append(lineno)
+                self.scope_file.append(origin.file_no)
                 self.scope_res.append(res_no)
                 self.scope_seq0.append(seq)
                 seq += len(sp)
                 self.n += len(sp)
 
-    def flush(self, store: Store, *, file_no: int, display: str) -> None:
+    def flush(self, store: Store) -> None:
         if not self.n:
             return
         lens = np.asarray(self.scope_len, dtype=np.int64)
@@ -211,6 +216,7 @@ class _Batch:
         within = np.arange(self.n, dtype=np.int64) - np.repeat(starts, lens)
         frame: dict[str, Any] = {
             "lineno": np.repeat(np.asarray(self.scope_line, dtype=np.int64), lens),
+            "file_no": np.repeat(np.asarray(self.scope_file, dtype=np.int64), lens),
             "res": np.repeat(np.asarray(self.scope_res, dtype=np.int64), lens),
             "seq": np.repeat(np.asarray(self.scope_seq0, dtype=np.int64), lens) + within,
         }
@@ -231,15 +237,24 @@ class _Batch:
         res_cols = list(zip(*self.res, strict=True))
         resources = {k: _objects(list(v)) for k, v in zip(_RES_COLUMNS, res_cols, strict=True)}
         resources["res"] = np.asarray(res_cols[0], dtype=np.int64)
+        files = list(self.files.items())
+        names = {
+            "file_no": np.asarray([f for f, _ in files], dtype=np.int64),
+            "display": _objects([d for _, d in files]),
+        }
         con = store.con
         con.register("_tk_cols", frame)
         con.register("_tk_res", resources)
+        con.register("_tk_files", names)
         try:
+            for statement in _sections()["macros"]:
+                staging.run(store, statement)
             for statement in _sections()["stage"]:
-                staging.run(store, statement, {"file_no": file_no, "display": display})
+                staging.run(store, statement)
         finally:
             con.unregister("_tk_cols")
             con.unregister("_tk_res")
+            con.unregister("_tk_files")
         self.reset()
 
 
@@ -350,25 +365,25 @@ def _objects(values: list[Any]) -> Any:
 def stage_lines(
     store: Store, path: str | Path, *, gzip: bool, file_no: int, display: str
 ) -> list[int]:
-    """Stage the clean spans of an OTLP JSON-lines file; return the lines left to Python."""
+    """Stage the clean spans of one OTLP JSON-lines file; return the lines left to Python."""
     origin = Origin(display, file_no, ProblemLog(strict=False))
-    return stream_lines(store, Path(path), gz=gzip, origin=origin)[0]
+    batch = Batch()
+    odd, _ = read_lines(store, batch, Path(path), gz=gzip, origin=origin)
+    batch.flush(store)
+    return sorted(set(odd) | take_odd_lines(store).get(file_no, set()))
 
 
-def stream_lines(
-    store: Store, path: Path, *, gz: bool, origin: Origin
+def read_lines(
+    store: Store, batch: Batch, path: Path, *, gz: bool, origin: Origin
 ) -> tuple[list[int], int | None]:
-    """Stage every span of an OTLP JSON-lines file that decodes cleanly.
+    """Decode an OTLP JSON-lines file into ``batch`` (staged whenever it is full).
 
-    Returns the numbers of the lines left to the reference decoder (they failed to
-    decode, or the SQL flagged a span of theirs), and the number of the line at which
-    a compressed stream was cut (None when the file is whole): every complete line
-    before the cut has been read.
+    Returns the numbers of the lines msgspec could not take (left to the reference
+    decoder), and the number of the line in which a compressed stream was cut (None
+    when the file is whole): every complete line before the cut has been read. Lines
+    holding a span the SQL flags are found later by :func:`take_odd_lines`.
     """
-    for statement in _sections()["macros"]:
-        staging.run(store, statement)
     odd: list[int] = []
-    batch = _Batch()
     cut: int | None = None
     lineno = 0
     with open_binary(path, gz) as fh:
@@ -392,14 +407,26 @@ def stream_lines(
                 continue
             batch.add_line(doc, lineno, origin)
             if batch.n >= BATCH_SPANS:
-                batch.flush(store, file_no=origin.file_no, display=origin.display)
-    batch.flush(store, file_no=origin.file_no, display=origin.display)
-    flagged = [
-        int(r[0]) for r in staging.run(store, staging.sql("odd_lines"), {"file_no": origin.file_no})
-    ]
-    if flagged:
-        staging.run(store, staging.sql("drop_odd_lines"), {"file_no": origin.file_no})
-    return sorted(set(odd) | set(flagged)), cut
+                batch.flush(store)
+    return odd, cut
+
+
+def take_odd_lines(store: Store) -> dict[int, set[int]]:
+    """Lines (by file) holding a span the SQL flagged; their rows leave the stage."""
+    out: dict[int, set[int]] = {}
+    for file_no, lineno in staging.run(store, staging.sql("odd_lines_all")):
+        out.setdefault(int(file_no), set()).add(int(lineno))
+    if out:
+        staging.run(store, staging.sql("drop_odd_lines_all"))
+    return out
+
+
+def staged_counts(store: Store) -> dict[int, int]:
+    """Spans in the stage per file (after :func:`take_odd_lines`)."""
+    return {
+        int(f): int(n)
+        for f, n in staging.run(store, "SELECT file_no, count(*) FROM _tk_stage GROUP BY 1")
+    }
 
 
 def _lines(fh: IO[bytes]) -> Iterator[bytes]:

@@ -21,6 +21,14 @@ DELETE FROM _tk_stage WHERE file_no = $file_no AND lineno IN (
     SELECT lineno FROM _tk_stage WHERE file_no = $file_no AND odd
 )
 
+-- name: odd_lines_all
+SELECT DISTINCT file_no, lineno FROM _tk_stage WHERE odd ORDER BY 1, 2
+
+-- name: drop_odd_lines_all
+DELETE FROM _tk_stage WHERE (file_no, lineno) IN (
+    SELECT (file_no, lineno) FROM _tk_stage WHERE odd
+)
+
 -- name: count_file
 SELECT count(*) FROM _tk_stage WHERE file_no = $file_no
 

@@ -33,10 +33,11 @@ END;
 INSERT INTO _tk_stage
 WITH cols AS (
     SELECT c.*, r.service_name, r.service_version, r.instance_id, r.host_name, r.ra_json,
+           f.display,
            TRY_CAST(c.start_ns AS BIGINT) AS t0, TRY_CAST(c.end_ns AS BIGINT) AS t1,
            _tk_kind(c.kind::VARCHAR) AS kind_name,
            _tk_status(c.status::VARCHAR) AS status_name
-    FROM _tk_cols c JOIN _tk_res r ON r.res = c.res
+    FROM _tk_cols c JOIN _tk_res r ON r.res = c.res JOIN _tk_files f ON f.file_no = c.file_no
 )
 SELECT
     lower(trace_id),
@@ -59,9 +60,9 @@ SELECT
     decode(attrs::BLOB),
     ra_json,
     links,
-    $display || ':' || lineno,
+    display || ':' || lineno,
     nullif(trace_state, ''),
-    $file_no,
+    file_no,
     lineno,
     seq,
     odd OR links IS NULL
