@@ -18,13 +18,11 @@ the training loop.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -34,68 +32,37 @@ from opentelemetry.context import Context
 from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
+from tracekit.instrumentation.job import (
+    ENV_LOCAL_RANK,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    JobIdentity,
+    job_identity,
+    resource_attributes,
+)
 from tracekit.instrumentation.setup import PROVIDER
 from tracekit.instrumentation.stages import record_error
 
 T = TypeVar("T")
 
-ENV_RANK = "RANK"
-ENV_WORLD_SIZE = "WORLD_SIZE"
-ENV_LOCAL_RANK = "LOCAL_RANK"
-"""torchrun's variables: the job identity when ``torch.distributed`` is not initialised."""
+__all__ = [
+    "ENV_LOCAL_RANK",
+    "ENV_RANK",
+    "ENV_WORLD_SIZE",
+    "SEQ",
+    "JobIdentity",
+    "active_step",
+    "communication",
+    "job_identity",
+    "resource_attributes",
+    "train_steps",
+]
 
 DEFAULT_GROUP = "default"
 """``tracekit.comm.group`` of the default (world) process group."""
 
 _TRACER = PROVIDER.get_tracer("tracekit.training")
 _thread_time = time.thread_time_ns
-
-
-# --- who this process is in the job ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobIdentity:
-    """This process's place in the training job."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-
-    def attributes(self) -> dict[str, int]:
-        """As span or resource attributes (``tracekit.rank``…)."""
-        return {cv.RANK: self.rank, cv.WORLD_SIZE: self.world_size, cv.LOCAL_RANK: self.local_rank}
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        return default
-
-
-def job_identity() -> JobIdentity:
-    """Rank and world size from ``torch.distributed`` when initialised, else ``RANK``…
-
-    torch is never imported for this: a process that did not import it has no process group.
-    """
-    local = _env_int(ENV_LOCAL_RANK, 0)
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return JobIdentity(dist.get_rank(), dist.get_world_size(), local)
-    except Exception as exc:  # a half-torn-down group must not stop training
-        _guard.report("training: job identity", exc)
-    return JobIdentity(_env_int(ENV_RANK, 0), _env_int(ENV_WORLD_SIZE, 1), local)
-
-
-def resource_attributes() -> dict[str, int]:
-    """``tracekit.rank``/``world_size``/``local_rank`` for ``configure(resource_attributes=...)``.
-
-    The step spans carry them anyway; on the resource they also mark every other span.
-    """
-    return job_identity().attributes()
 
 
 # --- collective numbering ---------------------------------------------------------------
