@@ -221,6 +221,20 @@ def test_stage_under_an_unsampled_parent_records_nothing(spans):
     assert list(spans.all()) == []
 
 
+def test_stage_under_a_remote_parent_joins_its_trace_and_under_an_invalid_one_starts_one(spans):
+    remote = trace.SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)
+    )
+    with trace.use_span(trace.NonRecordingSpan(remote)), tracekit.stage("joined"):
+        pass
+    with trace.use_span(trace.INVALID_SPAN), tracekit.stage("new-root"):
+        pass
+    got = _by_name(spans)
+    assert got["joined"].context.trace_id == 0xABC and got["joined"].parent.span_id == 0xDEF
+    assert got["joined"].parent.is_remote
+    assert got["new-root"].parent is None and got["new-root"].context.trace_id != 0xABC
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_process_forked_after_configure_records_its_own_spans(tmp_path):
     path = tmp_path / "traces.jsonl"

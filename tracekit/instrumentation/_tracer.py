@@ -12,6 +12,7 @@ record their spans this way too.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ _RANDOM = int(TraceFlags.RANDOM_TRACE_ID)
 _INVALID = trace.INVALID_SPAN
 _STATE = setup._STATE  # mutated by configure(), never replaced
 _bits = random.getrandbits
+_new = object.__new__
+_time_ns = time.time_ns
 _DEFAULT_OPTS = (True, True)  # (record_exception, set_status_on_exception)
 
 
@@ -44,7 +47,7 @@ def _new_span_id() -> int:
     return _bits(64) or _bits(64) or 1
 
 
-def _custom_span_id(sink: _Sink) -> int:
+def _span_id(sink: _Sink) -> int:
     return int(sink.tracer.id_generator.generate_span_id())
 
 
@@ -120,29 +123,33 @@ class FastTracer(trace.Tracer):
         opts = _DEFAULT_OPTS if record_exception and set_status_on_exception else (
             record_exception, set_status_on_exception)  # fmt: skip
         if sink.follows_parent and parent is not None:
-            span_id = (_bits(64) or _new_span_id()) if sink.random_ids else _custom_span_id(sink)
             if type(parent) is FastSpan:
-                if parent._trace[1] & _SAMPLED:
-                    return FastSpan(
-                        sink, name, kind, span_id, parent._trace, parent, ctx, attributes,
-                        links, start_time, opts,
-                    )  # fmt: skip
+                trace_ = parent._trace
+                sampled = trace_[1] & _SAMPLED
             else:
                 # SpanContext is a tuple: (trace_id, span_id, is_remote, flags, state, is_valid);
                 # indexing it skips five property calls on the hot path
                 psc: Any = parent.get_span_context()
-                if psc[5]:
-                    flags = psc[3]
-                    if flags & _SAMPLED:
-                        return FastSpan(
-                            sink, name, kind, span_id,
-                            (psc[0], _SAMPLED | (flags & _RANDOM), psc[4]), psc, ctx,
-                            attributes, links, start_time, opts,
-                        )  # fmt: skip
+                flags = psc[3]
+                sampled = psc[5] and flags & _SAMPLED
+                if psc[5] and not sampled:
                     # parent not sampled: neither is this, and nothing is recorded
                     return NonRecordingSpan(
-                        SpanContext(psc[0], span_id, False, TraceFlags(flags & _RANDOM), psc[4])
-                    )
+                        SpanContext(psc[0], _span_id(sink), False, TraceFlags(flags & _RANDOM), psc[4])
+                    )  # fmt: skip
+                trace_ = (psc[0], _SAMPLED | (flags & _RANDOM), psc[4])
+            if sampled:
+                if type(parent) is not FastSpan:
+                    parent = psc  # the build needs its SpanContext, not the span
+                # FastSpan.__init__ written out: the call costs as much as the stores
+                span = _new(FastSpan)
+                span._sink, span._name, span._kind = sink, name, kind
+                span._span_id = (_bits(64) or _new_span_id()) if sink.random_ids else _span_id(sink)
+                span._trace, span._parent, span._pctx, span._attrs = trace_, parent, ctx, attributes
+                span._links, span._exc_opts, span._end, span._sets = links, opts, None, None
+                span._start = start_time if start_time is not None else _time_ns()
+                span._owner = None
+                return span
         return self._ask_sampler(
             sink, name, context, ctx, parent, kind, attributes, links, start_time, opts
         )

@@ -45,6 +45,7 @@ _INVALID = trace.INVALID_SPAN
 _thread_time = time.thread_time_ns
 _get_ident = threading.get_ident
 _CPU_TIME_NS = c.CPU_TIME_NS
+_INTERNAL = trace.SpanKind.INTERNAL
 
 
 def record_error(span: trace.Span, exc: BaseException) -> None:
@@ -152,7 +153,7 @@ class Stage:
     # configured, parent not sampled) keeps an _Entry on the _OPEN stack instead.
     def __enter__(self) -> trace.Span:
         try:
-            span = _TRACER.start_span(self.name, attributes=self.attributes)
+            span = _TRACER.start_span(self.name, None, _INTERNAL, self.attributes)
             token: object = attach_span(span)
         except Exception as exc:
             _guard.report("stage start", exc, self.name)
