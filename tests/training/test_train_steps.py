@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-from tests.training.conftest import finished
-
 import tracekit
+from tests.training.conftest import finished
 from tracekit import conventions as cv
 from tracekit.instrumentation.training import communication, job_identity, train_steps
 
@@ -18,12 +17,11 @@ def _loader(n: int, wait_s: float = 0.0):
 
 
 def test_each_item_is_a_step_with_data_wait_and_the_users_stages(spans):
-    for batch in train_steps(_loader(3, 0.002), samples=lambda b: len(b), start=10):
+    for _batch in train_steps(_loader(3, 0.002), samples=lambda b: len(b), start=10):
         with tracekit.stage(cv.FORWARD):
             pass
-        with tracekit.stage(cv.BACKWARD):
-            with communication("all_reduce", bytes=1024):
-                pass
+        with tracekit.stage(cv.BACKWARD), communication("all_reduce", bytes=1024):
+            pass
     got = finished(spans)
     steps = sorted((s for s in got if s.name == cv.STEP_SPAN_NAME), key=lambda s: s.start_time)
     assert [s.attributes[cv.STEP] for s in steps] == [10, 11, 12]
@@ -73,3 +71,37 @@ def test_rank_comes_from_the_environment_without_a_process_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     ident = job_identity()
     assert (ident.rank, ident.world_size, ident.local_rank) == (3, 8, 1)
+
+
+def test_configure_puts_the_job_identity_on_the_resource(monkeypatch):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    exporter = InMemorySpanExporter()
+    tracekit.configure(service_name="trainer", service_version="t1", exporter=exporter)
+    try:
+        for _ in train_steps(_loader(1)):
+            pass
+        (step,) = finished(exporter)[-1:]
+    finally:
+        tracekit.shutdown()
+    res = step.resource.attributes
+    assert (res[cv.RANK], res[cv.WORLD_SIZE], res[cv.LOCAL_RANK]) == (5, 8, 1)
+
+
+def test_a_process_outside_a_job_gets_no_rank_on_its_resource(monkeypatch):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    exporter = InMemorySpanExporter()
+    tracekit.configure(service_name="ranker", service_version="v1", exporter=exporter)
+    try:
+        with tracekit.stage(cv.PREPROCESS):
+            pass
+        spans = finished(exporter)
+    finally:
+        tracekit.shutdown()
+    assert spans and cv.RANK not in spans[0].resource.attributes

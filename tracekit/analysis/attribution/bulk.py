@@ -17,6 +17,10 @@ in one ``np.minimum.accumulate`` (segments kept apart by rank offsets). A child'
 upper bound is ``min(its end, that cursor)``; the parent is charged the gaps between
 its path children and the stretch from its start to the last cursor.
 
+A background span (a DDP bucket) enters the walk from its parent's last background
+launch, as in the reference: ``ws`` holds those walk starts (the clipped start
+elsewhere), and the walk reads it wherever the reference's walk reads a start.
+
 Inputs are :class:`SpanArrays` (rows ordered by trace, then span id: the order the
 reference receives too, so ties break the same way).
 """
@@ -65,6 +69,8 @@ class SpanArrays:
     """-1 when not measured (as the store's readers always treated negative values)."""
     gpu_ns: I64
     stage_names: list[str]
+    background: B | None = None
+    """Launched in the background (``tracekit.comm.async``); None: no span is."""
 
 
 def _empty() -> I64:
@@ -249,6 +255,11 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
 
     cs = np.zeros(n, dtype=np.int64)
     ce = np.zeros(n, dtype=np.int64)
+    ws = cs  # walk starts; a separate array only when some span is in the background
+    bg_all = s.background if s.background is not None and s.background.any() else None
+    if bg_all is not None:
+        ws = np.zeros(n, dtype=np.int64)
+        last_launch = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
     eff = np.full(n, -1, dtype=np.int64)
     src = np.full(n, -1, dtype=np.int64)
     tparent = np.full(n, -1, dtype=np.int64)
@@ -260,6 +271,7 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
     skew = np.zeros(n_traces, dtype=np.int64)
 
     roots = root_of[valid]
+    ws[roots] = s.start[roots]
     cs[roots] = s.start[roots]
     ce[roots] = np.maximum(s.end[roots], s.start[roots])
     eff[roots] = s.stage[roots]
@@ -296,6 +308,12 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
         cs[c], ce[c] = st, en
         tparent[c] = p
         level = c
+        if bg_all is not None:
+            # siblings share a level: each parent's last background launch is known here
+            bg = bg_all[c]
+            np.maximum.at(last_launch, p[bg], st[bg])
+            st = np.where(bg, np.minimum(np.maximum(st, last_launch[p]), en), st)
+            ws[c] = st
 
         own = s.stage[c]
         fbc = fb[c]
@@ -351,7 +369,7 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
 
     tree = np.concatenate(levels)
     path = tree[on_path[tree]]
-    crit[path] += cursor_end[path] - cs[path]
+    crit[path] += cursor_end[path] - ws[path]
     res.skewed_spans = int(skew.sum())
 
     _stage_rows(res, s, tree, tno, root_of, eff, top, crit, cs, ce, unattributed)

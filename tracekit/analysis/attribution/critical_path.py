@@ -12,6 +12,12 @@ overflowing their parent (clock skew between hosts) are clipped to it first; chi
 entirely outside are ignored with their subtrees. The path partitions the root's
 interval exactly, so stage times add up to the request's duration in integer ns.
 
+A background span (``tracekit.comm.async``: a collective launched while its stage went
+on computing, as DDP buckets during ``backward``) enters the walk from its parent's last
+background launch on (its own start if later): until then the parent was computing, so
+only the rest of it — the *exposed* communication — can be on the path. Wall time
+keeps the span's real interval.
+
 Stages: a span without ``tracekit.stage`` inherits its nearest staged ancestor's. Once
 a span is ``downstream`` its whole subtree is too, the called service's own stage spans
 included (they are the dependency's model_execute, not this request's); a span of
@@ -68,6 +74,8 @@ class TraceInput:
     """Carries a database-client attribute; used only by the fallback stages."""
     route: list[str | None]
     """``http.route`` when present; used only by the fallback stages."""
+    background: list[bool] | None = None
+    """Launched in the background (``tracekit.comm.async``: a DDP bucket); None: none is."""
 
 
 @dataclass(slots=True)
@@ -261,7 +269,12 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
             sorted_kids[p] = [c for _, _, c in kept]
 
     crit = [0] * n
-    segments = _walk(root, sorted_kids, cs, ce, crit)
+    ws = cs
+    if t.background is not None and any(t.background):
+        ws = _walk_starts(t.background, order, tree_parent, cs, ce)
+        for ks in sorted_kids.values():
+            ks.sort(key=lambda c: (-ce[c], ws[c], c))  # type: ignore[operator]
+    segments = _walk(root, sorted_kids, ws, ce, crit)
     stages = _stage_totals(t, order, top, eff, crit, intervals)
     return TraceAnalysis(
         root=root,
@@ -301,6 +314,29 @@ def _has_staged_ancestor(
         p = tree_parent[j]
         j = None if p is None else src[p]
     return False
+
+
+def _walk_starts(
+    background: list[bool],
+    order: list[int],
+    tree_parent: list[int | None],
+    cs: list[int | None],
+    ce: list[int | None],
+) -> list[int | None]:
+    """Starts for the walk: a background span from its parent's last background launch."""
+    last: dict[int, int] = {}
+    for c in order:
+        p = tree_parent[c]
+        s = cs[c]
+        if background[c] and p is not None and s is not None:
+            last[p] = max(last.get(p, s), s)
+    ws = list(cs)
+    for c in order:
+        p = tree_parent[c]
+        s, e = cs[c], ce[c]
+        if background[c] and p is not None and s is not None and e is not None:
+            ws[c] = min(max(s, last[p]), e)
+    return ws
 
 
 def _walk(

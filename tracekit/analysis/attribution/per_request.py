@@ -46,7 +46,9 @@ SELECT trace_id, span_id, parent_span_id, name, kind, status_code,
        CASE WHEN stage IS NULL THEN
             json_extract_string(attributes, $db1) IS NOT NULL
             OR json_extract_string(attributes, $db2) IS NOT NULL END AS is_db,
-       CASE WHEN stage IS NULL THEN json_extract_string(attributes, $route) END AS route
+       CASE WHEN stage IS NULL THEN json_extract_string(attributes, $route) END AS route,
+       coalesce(TRY_CAST(json_extract_string(attributes, $async_path) AS BOOLEAN), false)
+         AS background
 FROM spans
 WHERE $all OR trace_id IN (SELECT trace_id FROM ids)
 ORDER BY trace_id, span_id
@@ -93,6 +95,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
         "db1": json_path(_DB_SYSTEM_KEYS[0]),
         "db2": json_path(_DB_SYSTEM_KEYS[1]),
         "route": json_path(cv.HTTP_ROUTE),
+        "async_path": json_path(cv.COMM_ASYNC),
     }
     try:
         cols = store.con.execute(_SPANS_SQL, params).fetchnumpy()
@@ -113,6 +116,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
     c["cpu_ns"] = [None if v < 0 else v for v in c["cpu_ns"]]
     c["gpu_ns"] = [None if v < 0 else v for v in c["gpu_ns"]]
     c["is_db"] = [bool(v) for v in c["is_db"]]
+    c["background"] = [bool(v) for v in c["background"]]
     c["parent"] = c.pop("parent_span_id")
     c["service"] = c.pop("service_name")
     return c
@@ -135,6 +139,7 @@ def trace_input(c: dict[str, list[Any]], lo: int, hi: int) -> cp.TraceInput:
         is_batch=c["is_batch"][lo:hi],
         is_db=c["is_db"][lo:hi],
         route=c["route"][lo:hi],
+        background=c["background"][lo:hi],
     )
 
 
@@ -177,14 +182,18 @@ SELECT n.row, n.trace_no, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGINT AS 
             OR json_extract_string(n.attributes, $db2) IS NOT NULL ELSE false END AS is_db,
        CASE WHEN n.stage IS NULL THEN n.name END AS name,
        CASE WHEN n.stage IS NULL THEN json_extract_string(n.attributes, $route) END AS route,
-       coalesce(n.cpu_time_ns, -1) AS cpu_ns, coalesce(n.gpu_time_ns, -1) AS gpu_ns
+       coalesce(n.cpu_time_ns, -1) AS cpu_ns, coalesce(n.gpu_time_ns, -1) AS gpu_ns,
+       -- a collective launched while its stage computed on (DDP bucket): see bulk.py
+       contains(n.attributes::VARCHAR, $async_key) AND coalesce(TRY_CAST(
+            json_extract_string(n.attributes, $async_path) AS BOOLEAN), false) AS background
 FROM num n LEFT JOIN num p ON p.trace_id = n.trace_id AND p.span_id = n.parent_span_id
 """
 
 _ARRAYS_SQL = """
 SELECT trace_no, parent_row, has_ts, start_ns, end_ns,
        coalesce(list_position($stages, stage) - 1, -1)::BIGINT AS stage_code,
-       tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns
+       tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns,
+       coalesce(background, false) AS background
 FROM _tk_attr ORDER BY row
 """
 
@@ -229,6 +238,8 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         "db1": json_path(_DB_SYSTEM_KEYS[0]),
         "db2": json_path(_DB_SYSTEM_KEYS[1]),
         "route": json_path(cv.HTTP_ROUTE),
+        "async_key": cv.COMM_ASYNC,
+        "async_path": json_path(cv.COMM_ASYNC),
     }
     try:
         store.con.execute(_ATTR_SQL, params)
@@ -261,6 +272,7 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         cpu_ns=col("cpu_ns", np.int64),
         gpu_ns=col("gpu_ns", np.int64),
         stage_names=stages,
+        background=col("background", bool),
     )
 
 
