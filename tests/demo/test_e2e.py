@@ -63,3 +63,25 @@ def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
     assert verdict["kind"] == regression.expected_kind, message
     if regression.expected_stages:
         assert verdict["primary_stage"] in regression.expected_stages, message
+
+
+def test_ctrl_c_during_an_interleaved_run_stops_every_process(tmp_path: Path) -> None:
+    # The releases are frozen when this fires: stopping them must thaw them first, or
+    # they would wait for a SIGCONT that never comes.
+    seen: list[int] = []
+
+    def interrupt(pids: list[int]) -> None:
+        seen.extend(pids)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_interleaved(
+            tmp_path,
+            [("v1", ""), ("v2", "contention")],
+            rate=RATE,
+            duration_s=1.0,
+            block_s=BLOCK_S,
+            on_started=interrupt,
+        )
+    assert len(seen) == 4
+    assert_all_gone(seen)
