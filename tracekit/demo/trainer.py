@@ -1,9 +1,10 @@
 """The demo's DDP trainer: a real ``torch.distributed`` job (gloo, 127.0.0.1), traced.
 
-:func:`run_job` spawns ``world`` processes that each train a small MLP under
-``DistributedDataParallel`` for a few steps, instrumented exactly as the README shows
-(``train_steps``, ``instrument_ddp``, ``stage``), and write one OTLP JSON-lines file per
-rank. :data:`TRAINING_REGRESSIONS` are the problems the demo can inject into a run.
+:func:`run_job` spawns processes that train a tiny MLP under
+``DistributedDataParallel`` for a few steps per run (a 1-rank run, then 2-rank runs, in
+the same processes), instrumented exactly as the README shows (``train_steps``,
+``instrument_ddp``, ``stage``), and write one OTLP JSON-lines file per rank and run.
+:data:`TRAINING_REGRESSIONS` are the problems the demo can inject into a run.
 
 Stand-ins, because this machine has neither GPUs nor a network between ranks:
 ``device_ms`` of sleep inside the model's forward and backward (through an autograd
@@ -11,7 +12,7 @@ function, so it sits *between* layers and DDP buckets launch while it runs) stan
 for GPU kernel time — a CPU shared by many processes would otherwise make the compute
 time, and so the verdict, depend on whoever else is busy; the ``comm`` problem delays
 each bucket's completion in a user comm hook, as a congested link would; the ``data``
-problem sleeps per sample in the dataset, as slow decoding would.
+problem sleeps in the dataset at each batch's first sample, as slow decoding would.
 """
 
 from __future__ import annotations
@@ -28,12 +29,18 @@ from tracekit.errors import ConfigError
 
 @dataclass(frozen=True)
 class TrainingProblem:
-    """One injected problem and the bottleneck ``tracekit diff`` must name for it."""
+    """One injected problem and the bottleneck ``tracekit diff`` must name for it.
+
+    Each is a sleep (which a busy CPU barely stretches) of at least a simulated device
+    step (:attr:`JobSpec.device_ms`): on two cores shared with other work, scheduling
+    alone adds tens of ms per step, spread over ranks and stages, and the injected
+    problem must stand well clear of that.
+    """
 
     name: str
     description: str
     expected: str
-    data_ms_per_sample: float = 0.0
+    data_ms_per_batch: float = 0.0
     straggler_ms: float = 0.0
     comm_delay_ms: float = 0.0
 
@@ -43,26 +50,32 @@ TRAINING_REGRESSIONS: dict[str, TrainingProblem] = {
     for p in (
         TrainingProblem(
             "straggler",
-            "rank 1's device is slower: +15 ms forward, +30 ms backward per step",
+            "rank 1's device is slower: +100 ms forward, +200 ms backward per step, all of it "
+            "before its first gradient bucket is ready",
             "straggler",
-            straggler_ms=15.0,
+            straggler_ms=100.0,
         ),
         TrainingProblem(
             "data",
-            "the dataset takes 3 ms per sample to load (slow decoding, no workers)",
+            "each batch takes 120 ms to load (slow decoding, no loader workers)",
             "data_loading",
-            data_ms_per_sample=3.0,
+            data_ms_per_batch=120.0,
         ),
         TrainingProblem(
             "comm",
-            "each gradient bucket's all-reduce takes 30 ms longer (a congested link)",
+            "each gradient bucket's all-reduce takes 100 ms longer (a congested link)",
             "communication",
-            comm_delay_ms=30.0,
+            comm_delay_ms=100.0,
         ),
         TrainingProblem("none", "the 2-rank run is the 1-rank run, twice", "none"),
     )
 }
 DEFAULT_TRAINING_REGRESSION = "straggler"
+NO_PROBLEM = TRAINING_REGRESSIONS["none"]
+
+FEATURES = 16
+BUCKET_MB = 0.01
+"""About 10 KB: the model's 40 KB of gradients go out in a few buckets during backward."""
 
 
 def get_problem(name: str) -> TrainingProblem:
@@ -75,80 +88,144 @@ def get_problem(name: str) -> TrainingProblem:
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    """One training run: its label, size, injected problem and where its files go."""
+class Run:
+    """One training run of a job: its label (``service.version``), size and problem."""
 
     label: str
     world: int
+    problem: TrainingProblem = NO_PROBLEM
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Training runs done one after another by the same processes, and where files go.
+
+    Starting a process that imports torch costs seconds on a busy machine (more than a
+    run's steps), so one set of processes trains every run: each run sets up its own
+    process group (``world`` of the processes take part, the rest wait for the next
+    run), model, DDP wrapper, ``configure()`` and trace files.
+    """
+
+    runs: tuple[Run, ...]
     out_dir: Path
-    problem: TrainingProblem = TRAINING_REGRESSIONS["none"]
-    steps: int = 20
+    steps: int = 16
     batch: int = 16
-    device_ms: float = 12.0
+    device_ms: float = 100.0
     """Simulated device time per step, split 1:2 between forward and backward."""
     seed: int = 0
-    port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def trace_file(self, rank: int) -> Path:
-        return self.out_dir / f"steps-{self.label}-rank{rank}.jsonl"
+    @property
+    def processes(self) -> int:
+        return max(r.world for r in self.runs)
+
+    def trace_file(self, rank: int, label: str) -> Path:
+        return self.out_dir / f"steps-{label}-rank{rank}.jsonl"
+
+    def trace_files(self) -> list[Path]:
+        return [self.trace_file(k, r.label) for r in self.runs for k in range(r.world)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1 (all held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def run_job(spec: JobSpec, timeout_s: float = 90.0) -> list[Path]:
-    """Run ``spec.world`` ranks to completion; returns the per-rank trace files."""
-    import torch.multiprocessing as mp
+def run_job(spec: JobSpec, timeout_s: float = 180.0) -> list[Path]:
+    """Run every process to completion; returns the per-rank trace files of every run.
+
+    Plain ``multiprocessing`` with spawn: this process never imports torch itself.
+    A rank that fails writes its traceback next to the traces; the others are stopped.
+    """
+    import multiprocessing
 
     spec.out_dir.mkdir(parents=True, exist_ok=True)
-    port = spec.port or free_port()
-    ctx = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        _rank_main, args=(spec, port), nprocs=spec.world, join=False, start_method="spawn"
-    )
+    ports = free_ports(len(spec.runs))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank_main, args=(rank, spec, ports), daemon=True)
+        for rank in range(spec.processes)
+    ]
+    for p in procs:
+        p.start()
     deadline = time.monotonic() + timeout_s
     try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        while any(p.is_alive() for p in procs):
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise ConfigError(_failure(spec, procs))
             if time.monotonic() > deadline:
-                raise ConfigError(f"training run {spec.label} did not finish in {timeout_s:.0f} s")
+                raise ConfigError(f"training job did not finish in {timeout_s:.0f} s")
+            procs[0].join(0.2)
+        if any(p.exitcode != 0 for p in procs):
+            raise ConfigError(_failure(spec, procs))
     finally:
-        for p in ctx.processes:
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-    return [spec.trace_file(r) for r in range(spec.world)]
+                p.join(5)
+    return spec.trace_files()
+
+
+def _failure(spec: JobSpec, procs: list[Any]) -> str:
+    for rank in range(len(procs)):
+        err = spec.out_dir / f"rank{rank}.error"
+        if err.exists():
+            last = err.read_text().strip().splitlines()[-1:] or ["?"]
+            return f"training rank {rank} failed: {last[0]} (traceback in {err})"
+    codes = ", ".join(f"rank {k}: {p.exitcode}" for k, p in enumerate(procs))
+    return f"training job failed ({codes})"
 
 
 # --- inside each rank ----------------------------------------------------------------
 
 
-def _rank_main(rank: int, spec: JobSpec, port: int) -> None:
-    os.environ.update(spec.extra_env)
-    os.environ.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(spec.world),
-            "LOCAL_RANK": str(rank),
-            # each rank one thread: the ranks share two cores with everyone else
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+def _rank_main(rank: int, spec: JobSpec, ports: list[int]) -> None:
+    try:
+        _rank_runs(rank, spec, ports)
+    except BaseException:
+        import traceback
+
+        (spec.out_dir / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def _rank_runs(rank: int, spec: JobSpec, ports: list[int]) -> None:
+    # each rank one thread: the ranks share two cores with everyone else
+    os.environ.update({"OMP_NUM_THREADS": "1", **spec.extra_env})
     import torch
     import torch.distributed as dist
 
+    from tracekit.instrumentation.training import SEQ
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=spec.world)
-    try:
-        _train(rank, spec)
-    finally:
-        dist.destroy_process_group()
+    for run, port in zip(spec.runs, ports, strict=True):
+        if rank >= run.world:
+            continue  # not in this run: on to the next one, whose group waits for us
+        # torchrun's variables, as a real job has them (configure() reads them)
+        os.environ.update(
+            {"RANK": str(rank), "WORLD_SIZE": str(run.world), "LOCAL_RANK": str(rank)}
+        )
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=run.world
+        )
+        SEQ.reset()  # a new process group numbers its collectives from 0 on every rank
+        try:
+            _train(rank, spec, run.label, run.problem)
+        finally:
+            dist.destroy_process_group()
 
 
-def _train(rank: int, spec: JobSpec) -> None:
+def _train(rank: int, spec: JobSpec, label: str, problem: TrainingProblem) -> None:
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
@@ -157,9 +234,8 @@ def _train(rank: int, spec: JobSpec) -> None:
     from tracekit.instrumentation.ddp import instrument_ddp
     from tracekit.instrumentation.setup import configure, shutdown
     from tracekit.instrumentation.stages import stage
-    from tracekit.instrumentation.training import resource_attributes, train_steps
+    from tracekit.instrumentation.training import train_steps
 
-    problem = spec.problem
     torch.manual_seed(spec.seed)
 
     class Device(torch.autograd.Function):
@@ -181,15 +257,18 @@ def _train(rank: int, spec: JobSpec) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.head = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256))
-            self.tail = nn.Sequential(nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+            # tiny on purpose: real CPU work stretches with the machine's load, sleeps do not
+            self.head = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 64))
+            self.tail = nn.Sequential(nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             half = spec.device_ms / 6
             device: Any = Device.apply
             h = device(self.head(x), half)
-            h = device(h, half + extra)
-            out: torch.Tensor = device(self.tail(h), half)
+            h = device(h, half)
+            # the straggler's extra time sits last in forward, so first in backward: every
+            # bucket it launches is late, as on a slow GPU
+            out: torch.Tensor = device(self.tail(h), half + extra)
             return out
 
     class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -197,20 +276,20 @@ def _train(rank: int, spec: JobSpec) -> None:
             return spec.steps * spec.batch
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if problem.data_ms_per_sample:
-                time.sleep(problem.data_ms_per_sample / 1000)
+            if problem.data_ms_per_batch and i % spec.batch == 0:
+                time.sleep(problem.data_ms_per_batch / 1000)  # the batch's first fetch
             g = torch.Generator().manual_seed(spec.seed * 100_003 + rank * 10_007 + i)
-            return torch.randn(64, generator=g), torch.randint(0, 8, (), generator=g)
+            return torch.randn(FEATURES, generator=g), torch.randint(0, 8, (), generator=g)
 
+    # configure() finds the rank on its own (RANK/WORLD_SIZE, or the process group)
     configure(
         service_name="trainer",
-        service_version=spec.label,
+        service_version=label,
         exporter="file",
-        path=spec.trace_file(rank),
-        resource_attributes=resource_attributes(),
+        path=spec.trace_file(rank, label),
     )
     # small buckets: the tail's gradients go out while the head's are still computed
-    ddp = DistributedDataParallel(Net(), bucket_cap_mb=0.25)
+    ddp = DistributedDataParallel(Net(), bucket_cap_mb=BUCKET_MB)
     hook, state = None, None
     if problem.comm_delay_ms:
         hook = _slow_link_hook(problem.comm_delay_ms)

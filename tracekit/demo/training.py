@@ -1,7 +1,8 @@
 """``tracekit demo --training``: a 1-rank and a 2-rank DDP run, and what scaling lost.
 
 Runs a real DDP job (:mod:`tracekit.demo.trainer`, gloo on 127.0.0.1) twice — a 1-rank
-baseline and a 2-rank run carrying the injected problem — ingests the per-rank trace
+baseline and a 2-rank run carrying the injected problem, one after the other in the
+same two processes (starting torch is the slow part) — ingests the per-rank trace
 files, and prints ``tracekit steps`` and the scaling ``tracekit diff`` by calling the
 CLI in-process, exactly as a user would type them. The closing line says whether the
 diff named the injected bottleneck; the exit code is 0 when it did.
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tracekit.demo.trainer import JobSpec, get_problem, run_job
+from tracekit.demo.trainer import JobSpec, Run, get_problem, run_job
 
 BEFORE, AFTER = "1rank", "2rank"
 DB_NAME = "tracekit.duckdb"
@@ -50,11 +51,12 @@ def run_training_demo(
     try:
         started = time.perf_counter()
         note(f"training demo: injected problem {problem.name!r} — {problem.description}")
-        files: list[Path] = []
-        for label, world, injected in ((BEFORE, 1, get_problem("none")), (AFTER, 2, problem)):
-            note(f"running {label}: {world} rank(s), DDP over gloo on 127.0.0.1 …")
-            spec = JobSpec(label, world, work / "traces", injected, steps=steps, seed=seed)
-            files += run_job(spec)
+        note(
+            f"running {BEFORE} (1 rank), then {AFTER} (2 ranks): DDP over gloo on 127.0.0.1, "
+            f"{steps} steps each …"
+        )
+        runs = (Run(BEFORE, 1), Run(AFTER, 2, problem))
+        files = run_job(JobSpec(runs, work / "traces", steps=steps, seed=seed))
         db = str(work / DB_NAME)
         code, _ = _cli(["ingest", *map(str, files), "--db", db])
         if code != 0:

@@ -87,7 +87,8 @@ def _run_lines(run: RunSteps, md: bool) -> list[str]:
         lines.append(
             "stragglers (arrived last at a collective): "
             + "; ".join(
-                f"rank {s.rank} {s.last_arrivals}× ({s.share:.0%}), {s.mean_lag_ms:.1f} ms late"
+                f"rank {s.rank} {s.last_arrivals}× ({s.share:.0%}), {s.mean_lag_ms:.1f} ms late; "
+                f"late in {s.late_steps:.0%} of steps, median {s.lateness_ms:+.1f} ms"
                 for s in run.stragglers
             )
         )

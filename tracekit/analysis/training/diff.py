@@ -7,7 +7,24 @@ run's per-rank batch (compute is compared per sample); the difference is the **l
 step time. Each component's share of it follows the diff's counterfactual rule: put the
 component's per-step values in the after run back to the before run's distribution
 (quantile-matched), recompute the mean step time, and see how much of the loss
-disappears. The bottleneck whose components remove the most is the verdict.
+disappears. The figures behind the verdict are 10%-trimmed means over steps, so a
+few steps stalled by something else on the machine do not decide it.
+
+The verdict names a bottleneck only on evidence that noise does not produce:
+
+- ``straggler``: one rank arrives after the others at the collectives of most steps,
+  by a margin (its median lateness over steps, last or not, is at least
+  :data:`STRAGGLER_LATENESS` of the step) and beyond chance (4 standard errors of
+  that median, estimated from the steps' own spread). Steps, not collectives, are the
+  unit: a step's buckets share whatever delayed the rank in that step. Peer wait and compute imbalance without
+  such a rank is *jitter* — ranks taking turns being late, which any synchronous job
+  on shared or noisy hardware pays — reported, never named.
+- ``compute``: only when the per-rank batch shrank (strong scaling): the per-GPU batch
+  too small to hide fixed costs. With the same per-rank batch, compute that grew is the
+  same work done slower (a busy host, throttled devices): flagged, not a scaling
+  bottleneck.
+- every named bottleneck must recover at least :data:`MIN_STEP_SHARE` of the after
+  run's step time and a majority of the growth that can be named.
 """
 
 from __future__ import annotations
@@ -30,6 +47,7 @@ from tracekit.analysis.training.model import (
     RunSteps,
     RunSummary,
     Scaling,
+    Straggler,
     TrainingDiff,
     TrainingVerdict,
     bottleneck_of,
@@ -39,15 +57,42 @@ from tracekit.analysis.training.steps import load_run
 EFFICIENT = 0.9
 """Scaling efficiency at or above which nothing is named a bottleneck."""
 MAJORITY = 0.5
-"""A bottleneck must account for at least this share of the step-time growth."""
+"""A bottleneck must account for at least this share of the growth that can be named."""
+MIN_STEP_SHARE = 0.15
+"""...and recover at least this share of the after run's step time."""
+STRAGGLER_LATENESS = 0.15
+"""A straggler's median lateness over steps, as a share of the step time."""
+STRAGGLER_STEPS = 2 / 3
+"""...and the share of steps in which it arrived after the others."""
+STRAGGLER_Z = 4.0
+"""...and its median lateness in standard errors (the steps' own spread): beyond chance."""
+TRIM = 0.1
+"""Share of steps trimmed from each end for the verdict's means."""
+JITTER = "jitter"
+SLOWER_COMPUTE = "slower_compute"
 
 
-def _significant(last: int, matched: int, world: int) -> bool:
-    """Whether ``last`` last arrivals of ``matched`` is more than chance (1/world) allows."""
-    if matched == 0 or world < 2:
-        return False
-    p = 1.0 / world
-    return bool(last > matched * p + 3.0 * (matched * p * (1 - p)) ** 0.5)
+def trimmed_mean(values: np.ndarray | list[float], trim: float = TRIM) -> float:
+    """Mean of ``values`` without the ``trim`` share at each end (plain mean under 5)."""
+    v = np.sort(np.asarray(values, dtype=float))
+    k = int(len(v) * trim) if len(v) >= 5 else 0
+    v = v[k : len(v) - k]
+    return float(v.mean()) if len(v) else 0.0
+
+
+def consistent_straggler(run: RunSteps) -> Straggler | None:
+    """The rank that arrives after the others in most steps by a margin, if one does."""
+    if run.world_size < 2 or not run.stragglers:
+        return None
+    lead = max(run.stragglers, key=lambda s: s.lateness_ms)
+    margin = STRAGGLER_LATENESS * run.step_ms.p50
+    if (
+        lead.lateness_ms >= margin
+        and lead.late_steps >= STRAGGLER_STEPS
+        and lead.lateness_ms >= STRAGGLER_Z * lead.lateness_se_ms
+    ):
+        return lead
+    return None
 
 
 FIXES: dict[str, str] = {
@@ -110,7 +155,9 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
         speedup = None
     efficiency = speedup / ideal if speedup is not None and ideal else None
     ideal_step = b.step_ms_mean * per_rank
-    lost = a.step_ms_mean - ideal_step
+    # the verdict's own figures: trimmed means over steps (a stalled step decides nothing)
+    robust_after = trimmed_mean(a.step_times_ms)
+    lost = robust_after - trimmed_mean(b.step_times_ms) * per_rank
 
     names = [c.name for c in a.components]
     names += [c.name for c in b.components if c.name not in names]
@@ -121,7 +168,7 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
         before_vals = [v * scale for v in b.component_steps_ms.get(name, [])] or [0.0]
         after_vals = a.component_steps_ms.get(name, []) or [0.0] * len(step_after)
         cf = step_after - np.asarray(after_vals) + quantile_matched(after_vals, before_vals)
-        recovered = float(step_after.mean() - cf.mean()) if len(step_after) else 0.0
+        recovered = robust_after - trimmed_mean(cf) if len(step_after) else 0.0
         before_ms, after_ms = float(np.mean(before_vals)), float(np.mean(after_vals))
         components.append(
             DiffComponent(
@@ -133,7 +180,7 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
                 bottleneck=bottleneck_of(name),
             )
         )
-    verdict = _verdict(b, a, efficiency, speedup, ideal, components)
+    verdict = _verdict(b, a, efficiency, speedup, ideal, components, lost, per_rank, flags)
     if a.steps < 5 or b.steps < 5:
         flags.append(Flag("few_steps", "fewer than 5 steps in a run: the verdict is fragile"))
     return TrainingDiff(
@@ -154,16 +201,21 @@ def _verdict(
     speedup: float | None,
     ideal: float,
     components: list[DiffComponent],
+    lost: float,
+    per_rank: float,
+    flags: list[Flag],
 ) -> TrainingVerdict:
-    shares = {k: 0.0 for k in BOTTLENECKS if k != NONE}
+    grown = {k: 0.0 for k in BOTTLENECKS if k != NONE}
     for c in components:
         if c.share is not None and c.share > 0 and c.name != cv.UNATTRIBUTED:
-            shares[c.bottleneck] += c.share
+            grown[c.bottleneck] += c.share * lost  # ms of the step this component recovers
+    total = sum(grown.values())
+    shares = {k: v / total for k, v in grown.items()} if total > 0 else dict.fromkeys(grown, 0.0)
     head = f"{b.label} ({b.world_size} ranks) → {a.label} ({a.world_size} ranks)"
     if speedup is None or efficiency is None:
         return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
     gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%})"
-    if efficiency >= EFFICIENT or not any(v > 0 for v in shares.values()):
+    if efficiency >= EFFICIENT or total <= 0:
         return TrainingVerdict(
             NONE,
             f"{head}: {gain}; no bottleneck — scaling is close to ideal",
@@ -171,39 +223,53 @@ def _verdict(
             [],
             shares,
         )
-    # the components' own shares can pass 100% when others shrank: state the verdict as
-    # a share of the growth, the positive part
-    grown = sum(v for v in shares.values() if v > 0)
-    shares = {k: v / grown for k, v in shares.items()}
-    # A straggler is named only when one rank arrives last more often than chance
-    # (binomial, 3 sigma); ranks taking turns is jitter, spread over everyone.
-    candidates = dict(shares)
-    if not (
-        a.stragglers and _significant(a.stragglers[0].last_arrivals, a.collectives, a.world_size)
-    ):
-        candidates.pop(STRAGGLER, None)
-    top = max(candidates, key=lambda k: candidates[k])
-    if candidates[top] < MAJORITY:
+    # What noise produces is reported, never named (module docstring).
+    lead = consistent_straggler(a)
+    unnamed: dict[str, float] = {}
+    candidates = dict(grown)
+    if lead is None and candidates.get(STRAGGLER, 0.0) > 0:
+        unnamed[JITTER] = candidates.pop(STRAGGLER)
+    if per_rank >= 1.0 - 1e-9 and candidates.get(COMPUTE, 0.0) > 0:
+        unnamed[SLOWER_COMPUTE] = candidates.pop(COMPUTE)
+        if unnamed[SLOWER_COMPUTE] >= MIN_STEP_SHARE * a.step_ms_mean:
+            flags.append(
+                Flag(
+                    SLOWER_COMPUTE,
+                    f"with the same per-rank batch, compute took {unnamed[SLOWER_COMPUTE]:.1f} ms "
+                    "more per step: the same work done slower (a busy host, throttled or "
+                    "different devices), not a cost of scaling",
+                )
+            )
+    nameable = sum(v for v in candidates.values() if v > 0)
+    top = max(candidates, key=lambda k: candidates[k]) if candidates else NONE
+    top_ms = candidates.get(top, 0.0)
+    if top == NONE or top_ms < MIN_STEP_SHARE * a.step_ms_mean or top_ms < MAJORITY * nameable:
+        spread = ", ".join(
+            f"{k.replace('_', ' ')} {v:.1f} ms"
+            for k, v in sorted({**candidates, **unnamed}.items(), key=lambda kv: -kv[1])
+            if v > 0
+        )
         return TrainingVerdict(
             NONE,
-            f"{head}: {gain}; no single bottleneck — the lost time is spread over ranks and "
-            f"components (largest: {top.replace('_', ' ')}, {candidates[top]:.0%} of the growth)",
+            f"{head}: {gain}; no single bottleneck — the lost {lost:.1f} ms per step is spread "
+            f"({spread}); jitter is ranks taking turns being late, which no one rank or "
+            "component explains",
             FIXES[NONE],
             [],
             shares,
         )
     ranks: list[int] = []
     detail = ""
-    if top == STRAGGLER and a.stragglers:
-        lead = a.stragglers[0]
-        ranks = [s.rank for s in a.stragglers if s.last_arrivals >= 0.5 * lead.last_arrivals]
+    if top == STRAGGLER and lead is not None:
+        ranks = [lead.rank]
         where = f" on {lead.host}" if lead.host else ""
         detail = (
-            f"; rank {lead.rank}{where} arrived last at {lead.share:.0%} of collectives, "
-            f"{lead.mean_lag_ms:.1f} ms after the others"
+            f"; rank {lead.rank}{where} arrived after the others in {lead.late_steps:.0%} of "
+            f"steps (median {lead.lateness_ms:.1f} ms late) and last at {lead.share:.0%} of "
+            "collectives"
         )
     summary = (
-        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the step-time growth"
-        f"{detail} — {FIXES[top]}."
+        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the "
+        f"step-time growth ({top_ms:.1f} ms per step){detail} — {FIXES[top]}."
     )
     return TrainingVerdict(top, summary, FIXES[top], ranks, shares)

@@ -102,6 +102,13 @@ class Straggler:
     """Of the run's matched collectives."""
     mean_lag_ms: float
     """How much later than the median of the other ranks it arrived, when last."""
+    lateness_ms: float = 0.0
+    """Median over steps of how much later than the others it arrived at the step's
+    collectives (last or not; negative: earlier): near 0 when ranks only take turns."""
+    late_steps: float = 0.0
+    """Share of steps in which it arrived after the others (by that median)."""
+    lateness_se_ms: float = float("inf")
+    """Standard error of ``lateness_ms`` from the steps' own spread (MAD-based)."""
 
 
 @dataclass

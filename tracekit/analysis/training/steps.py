@@ -2,11 +2,11 @@
 
 Reads the ``train_step`` traces of a run (a ``service.version``) and attributes each
 rank's step with the critical-path walk of
-:func:`tracekit.analysis.attribution.critical_path.analyse_trace` — the same machinery
-as requests — after one adjustment: a collective launched in the background
-(``tracekit.comm.async``, a DDP bucket) overlapped its stage's compute until the
-stage's last launch, so its span is taken to start there. The walk then charges only
-*exposed* communication; the rest is overlap.
+:func:`tracekit.analysis.attribution.critical_path.analyse_trace` — the walk that fills
+``request_stages`` at ingest, so a step's numbers here are that table's. A collective
+launched in the background (``tracekit.comm.async``, a DDP bucket) enters the walk at
+its stage's last launch (until then the stage was computing), so only *exposed*
+communication is charged; the rest is overlap.
 
 Exposed communication is split by matching collectives across ranks on (group, seq):
 waiting until the last rank arrived is **peer wait**, the rest **transfer**. Hosts'
@@ -80,8 +80,7 @@ ORDER BY trace_id
 _COMM_SQL = """
 SELECT trace_id, span_id,
        coalesce(json_extract_string(attributes, $group), 'default') AS grp,
-       TRY_CAST(json_extract_string(attributes, $seq) AS BIGINT) AS seq,
-       coalesce(TRY_CAST(json_extract_string(attributes, $async) AS BOOLEAN), false) AS is_async
+       TRY_CAST(json_extract_string(attributes, $seq) AS BIGINT) AS seq
 FROM spans
 WHERE stage = $comm AND trace_id IN (SELECT unnest($ids::VARCHAR[]))
 """
@@ -206,19 +205,18 @@ def _ranks(roots: list[tuple[Any, ...]]) -> dict[str, int]:
     return {r[0]: int(r[6]) if r[6] is not None else dense[str(r[5])] for r in roots}
 
 
-def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], tuple[str, int, bool]]:
+def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], tuple[str, int]]:
     params = {
         "ids": ids,
         "comm": cv.COMMUNICATION,
         "group": json_path(cv.COMM_GROUP),
         "seq": json_path(cv.COMM_SEQ),
-        "async": json_path(cv.COMM_ASYNC),
     }
     try:
         rows = store.con.execute(_COMM_SQL, params).fetchall()
     except duckdb.Error as exc:
         raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
-    return {(t, s): (g, -1 if q is None else int(q), bool(a)) for t, s, g, q, a in rows}
+    return {(t, s): (g, -1 if q is None else int(q)) for t, s, g, q in rows}
 
 
 def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
@@ -232,19 +230,11 @@ def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _walk_step(
-    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], tuple[str, int, bool]]
+    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], tuple[str, int]]
 ) -> _RankStep | None:
     t = trace_input(cols, lo, hi)
     trace_id = cols["trace_id"][lo]
-    start = list(t.start)
     info = [comm.get((trace_id, sid)) for sid in t.span_id]
-    # A background collective overlapped its stage until the stage's last launch.
-    last_launch: dict[str | None, int] = {}
-    for i, c in enumerate(info):
-        s0 = start[i]
-        if c is not None and c[2] and s0 is not None:
-            p = t.parent[i]
-            last_launch[p] = max(last_launch.get(p, s0), s0)
     comm_total = 0
     spans: list[tuple[int, int, int, str, int]] = []
     intervals: list[tuple[int, int]] = []
@@ -255,11 +245,8 @@ def _walk_step(
         intervals.append((s, e))
         if c[1] >= 0:
             spans.append((i, s, e, c[0], c[1]))
-        if c[2]:
-            start[i] = min(max(s, last_launch[t.parent[i]]), e)
     if intervals:
         comm_total = _union(intervals)
-    t.start = start
     a = cp.analyse_trace(t)
     if isinstance(a, str):
         return None
@@ -320,28 +307,39 @@ def _host_offsets(rank_steps: list[_RankStep]) -> dict[str | None, int]:
     return {h: int(statistics.median(diffs[h])) if diffs.get(h) else 0 for h in hosts}
 
 
-def _arrivals(
-    rank_steps: list[_RankStep], offsets: dict[str | None, int], world: int
-) -> tuple[dict[tuple[str, int], int], dict[int, list[float]], int]:
-    """Last aligned arrival per collective, lags of the last rank, matched count."""
-    arrivals: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+@dataclass
+class _Arrivals:
+    """Who reached each collective when, after clock alignment."""
+
+    last: dict[tuple[str, int], int]
+    """Per collective (group, seq): the last aligned arrival."""
+    lags: dict[int, list[float]]
+    """Per rank: ms it trailed the median of the others, at each collective it was last."""
+    lateness: dict[int, dict[int, list[float]]]
+    """Per rank, per step: ms it arrived after the median of the others (negative:
+    before) at each of the step's matched collectives, last or not."""
+    matched: int
+
+
+def _arrivals(rank_steps: list[_RankStep], offsets: dict[str | None, int], world: int) -> _Arrivals:
+    arrivals: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
     for rs in rank_steps:
         off = offsets.get(rs.host, 0)
         for _i, s, _e, g, q in rs.comm_spans:
-            arrivals[(g, q)].append((s - off, rs.rank))
-    last: dict[tuple[str, int], int] = {}
-    lags: dict[int, list[float]] = defaultdict(list)
-    matched = 0
+            arrivals[(g, q)].append((s - off, rs.rank, rs.step))
+    out = _Arrivals({}, defaultdict(list), defaultdict(lambda: defaultdict(list)), 0)
     for key, arr in arrivals.items():
-        last[key] = max(a for a, _ in arr)
+        out.last[key] = max(a for a, _, _ in arr)
         if len(arr) < max(world, 2):
             continue
-        matched += 1
+        out.matched += 1
         arr.sort()
-        t_last, r_last = arr[-1]
-        others = [a for a, _ in arr[:-1]]
-        lags[r_last].append((t_last - float(np.median(others))) / NS)
-    return last, lags, matched
+        t_last, r_last, _ = arr[-1]
+        out.lags[r_last].append((t_last - float(np.median([a for a, _, _ in arr[:-1]]))) / NS)
+        for k, (t, rank, step) in enumerate(arr):
+            others = [a for j, (a, _, _) in enumerate(arr) if j != k]
+            out.lateness[rank][step].append((t - float(np.median(others))) / NS)
+    return out
 
 
 def _split_comm(rs: _RankStep, last: dict[tuple[str, int], int], offset: int) -> None:
@@ -366,7 +364,8 @@ def _split_comm(rs: _RankStep, last: dict[tuple[str, int], int], offset: int) ->
 def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int) -> RunSteps:
     flags: list[Flag] = []
     offsets = _host_offsets(rank_steps)
-    last, lags, matched = _arrivals(rank_steps, offsets, world)
+    arr = _arrivals(rank_steps, offsets, world)
+    last, lags, matched = arr.last, arr.lags, arr.matched
     for rs in rank_steps:
         _split_comm(rs, last, offsets.get(rs.host, 0))
     clock_offset_ms = max((abs(v) for v in offsets.values()), default=0) / NS
@@ -436,7 +435,7 @@ def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int)
         samples_per_s=sps,
         samples_per_rank_step=per_rank,
         ranks=_rank_rows(rank_steps, set(kept), lags),
-        stragglers=_stragglers(rank_steps, lags, matched),
+        stragglers=_stragglers(rank_steps, arr, set(kept)),
         collectives=matched,
         clock_offset_ms=clock_offset_ms,
         warmup_steps=skip,
@@ -487,18 +486,37 @@ def _rank_rows(
     return rows
 
 
-def _stragglers(
-    rank_steps: list[_RankStep], lags: dict[int, list[float]], matched: int
-) -> list[Straggler]:
+def _median_se(values: list[float]) -> float:
+    """Standard error of the median, from the median absolute deviation (robust to stalls).
+
+    1.4826 * MAD estimates the standard deviation of normal data; the median's standard
+    error is sqrt(pi/2) = 1.2533 times the mean's.
+    """
+    if len(values) < 3:
+        return float("inf")
+    v = np.asarray(values, dtype=float)
+    mad = float(np.median(np.abs(v - np.median(v))))
+    return 1.2533 * 1.4826 * mad / float(np.sqrt(len(v)))
+
+
+def _stragglers(rank_steps: list[_RankStep], arr: _Arrivals, kept: set[int]) -> list[Straggler]:
     hosts = {rs.rank: rs.host for rs in rank_steps}
-    ranked = sorted(lags.items(), key=lambda kv: (-len(kv[1]), -float(np.mean(kv[1]))))
-    return [
-        Straggler(
-            rank=r,
-            host=hosts.get(r),
-            last_arrivals=len(v),
-            share=len(v) / matched if matched else 0.0,
-            mean_lag_ms=float(np.mean(v)),
+    ranked = sorted(arr.lags.items(), key=lambda kv: (-len(kv[1]), -float(np.mean(kv[1]))))
+    out = []
+    for r, v in ranked[:MAX_STRAGGLERS]:
+        # Per step, not per collective: a step's buckets share whatever delayed the rank
+        # in that step, so they are one piece of evidence, not several.
+        per_step = [float(np.median(x)) for st, x in arr.lateness[r].items() if st in kept and x]
+        out.append(
+            Straggler(
+                rank=r,
+                host=hosts.get(r),
+                last_arrivals=len(v),
+                share=len(v) / arr.matched if arr.matched else 0.0,
+                mean_lag_ms=float(np.mean(v)),
+                lateness_ms=float(np.median(per_step)) if per_step else 0.0,
+                late_steps=float(np.mean([x > 0 for x in per_step])) if per_step else 0.0,
+                lateness_se_ms=_median_se(per_step),
+            )
         )
-        for r, v in ranked[:MAX_STRAGGLERS]
-    ]
+    return out
