@@ -19,8 +19,11 @@ from tracekit.demo.runner import diff_verdict, ingest
 
 from .conftest import assert_all_gone
 
-RATE = 30.0
-DURATION_S = 8.0
+# 240 requests per release, as many as 8 s at 30/s, at two thirds of the CPU: on a machine
+# already short of CPU, the services' own queueing is what turns noise into tail latency.
+RATE = 20.0
+DURATION_S = 12.0
+# A round of all seven releases is under 2 s: longer spells of other work fall on all.
 BLOCK_S = 0.25
 SEED = 0
 
