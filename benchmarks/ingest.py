@@ -1,27 +1,34 @@
-"""Ingest speed: tracekit vs a plain ``json.loads`` loop vs DuckDB's own ``read_json``.
+"""Ingest speed: ``tracekit ingest`` as a whole process vs a plain ``json.loads`` loop.
 
 Generates an OTLP JSON-lines file the way the Collector's file exporter writes one
 (a resource block per service on every line, 100-500 spans a line, 8-span requests
-with tracekit's attributes), then prints spans/s for:
+with tracekit's attributes), then prints, from one run on that one file:
 
-  (a) tracekit: ``ingest_paths`` into a fresh DuckDB file (parse, check every value,
-      dedupe, orphans and skew, insert under the (trace_id, span_id) primary key);
-  (b) plain: a Python loop of ``json.loads`` per line that only builds the row tuples,
-      attributes decoded into a dict and ``json.dumps``-ed as tracekit stores them (it
-      checks nothing, maps no enums and stores nothing: less work than (a));
-  (c) duckdb read_json: DuckDB reading the same file into a table, nothing else;
+  plain:    a Python loop of ``json.loads`` per line that only builds the row tuples
+            (attributes decoded into a dict and dumped as tracekit stores them); it
+            checks nothing, maps no enums and stores nothing: less work than tracekit;
+  tracekit: ``python -m tracekit.cli ingest FILE --db NEW`` as a child process: import,
+            parse, check, dedupe, store under the primary key, and the attribution of
+            every request (``requests``/``request_stages``) that later commands read;
 
-and the ratio tracekit / plain (the issue's target is >= 4x). ``attribution.refresh``
-is timed separately. Figures only; nothing is asserted.
+the ratio plain / tracekit (target >= 4x), spans/s, and the child's peak RSS and CPU
+seconds (CPU time is the fairer figure on a shared machine: wall time there includes
+waiting for a core). Then the same spans cut into per-rank files (a directory of
+``--ranks`` files: each file must not add a fixed cost), and with ``--big-gb N`` an
+N GB file built by repeating the generated lines under new trace ids (peak RSS must
+stay bounded by the batch size, not the file). Figures only; nothing is asserted.
 
-    python benchmarks/ingest.py [--spans 500000] [--keep DIR]
+    python benchmarks/ingest.py [--spans 320000] [--ranks 64] [--big-gb 2] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +79,8 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> int:
             feature_spans: list[dict[str, Any]] = []
             for _ in range(rnd.randint(100, 500) // 8):
                 request += 1
-                trace_id = rnd.getrandbits(128).to_bytes(16, "big").hex()
+                # The first 8 digits are zero: --big-gb copies replace them per copy.
+                trace_id = "00000000" + rnd.getrandbits(96).to_bytes(12, "big").hex()
                 ids = [rnd.getrandbits(64).to_bytes(8, "big").hex() for _ in range(8)]
 
                 def span(
@@ -228,30 +236,58 @@ def plain_loop(path: Path) -> int:
     return len(rows)
 
 
-def duckdb_read_json(path: Path, db: Path) -> float:
-    """(c): DuckDB's read_json of the same file into a table; returns seconds."""
-    import duckdb
+def run_tracekit(args: list[str], work: Path) -> tuple[float, float, float, str]:
+    """Run ``tracekit`` as a child process: (wall s, CPU s, peak RSS MB, first stdout line)."""
+    out_path, err_path = work / "child.out", work / "child.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tracekit.cli", *args], stdout=out, stderr=err
+        )
+        # wait4 gives this child's own resource use (peak RSS, CPU), not all children's.
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 2):
+        raise SystemExit(f"tracekit {' '.join(args)} failed ({code}):\n{err_path.read_text()}")
+    lines = out_path.read_text().splitlines()
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, lines[0] if lines else ""
 
-    con = duckdb.connect(str(db))
-    t = time.perf_counter()
-    con.execute(
-        "CREATE TABLE raw AS SELECT * FROM read_json(?, format = 'newline_delimited')", [str(path)]
-    ).fetchall()
-    seconds = time.perf_counter() - t
-    con.close()
-    return seconds
+
+def ingest_child(target: Path, db: Path) -> tuple[float, float, float, str]:
+    for p in (db, db.with_name(db.name + ".wal")):
+        p.unlink(missing_ok=True)
+    return run_tracekit(["ingest", str(target), "--db", str(db)], db.parent)
+
+
+def split_ranks(data: Path, folder: Path, ranks: int) -> int:
+    """The file's lines dealt round-robin into ``ranks`` files (one per training rank)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = data.read_bytes().splitlines(keepends=True)
+    for k in range(ranks):
+        (folder / f"rank{k:04d}.jsonl").write_bytes(b"".join(lines[k::ranks]))
+    return len(lines)
+
+
+def write_big(data: Path, big: Path, gigabytes: float) -> int:
+    """Copies of the file's lines under new trace ids until ``gigabytes`` are written."""
+    base = data.read_bytes()
+    copies = max(1, int(gigabytes * 1e9 // len(base)))
+    with big.open("wb") as fh:
+        for k in range(copies):
+            fh.write(base.replace(b'"traceId":"00000000', b'"traceId":"%08x' % (k + 1)))
+    return copies
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spans", type=int, default=500_000)
+    parser.add_argument("--spans", type=int, default=320_000)
+    parser.add_argument("--ranks", type=int, default=64, help="per-rank files (0: skip)")
+    parser.add_argument("--big-gb", type=float, default=0.0, help="also ingest an N GB file")
     parser.add_argument("--keep", type=Path, help="write the files here and keep them")
     args = parser.parse_args(argv)
-
-    from tracekit.analysis.ingest import ingest_paths
-    from tracekit.analysis.store import open_store
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
@@ -259,53 +295,51 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "spans.jsonl"
         t = time.perf_counter()
         n = generate(data, args.spans)
-        print(
-            f"generated {n:,} spans, {data.stat().st_size / 1e6:,.0f} MB in "
-            f"{time.perf_counter() - t:.1f} s: {data}"
-        )
+        size_mb = data.stat().st_size / 1e6
+        print(f"generated {n:,} spans, {size_mb:,.0f} MB in {time.perf_counter() - t:.1f} s")
 
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         plain_rows = plain_loop(data)
-        plain_s = time.perf_counter() - t
+        plain_s, plain_cpu = time.perf_counter() - t, time.process_time() - c
+        if plain_rows != n:
+            print(f"span counts differ: generated {n}, plain loop {plain_rows}")
+            return 1
 
-        db = work / "bench.duckdb"
-        db.unlink(missing_ok=True)
-        with open_store(db) as store:
-            t = time.perf_counter()
-            report = ingest_paths(store, [data])
-            tk_s = time.perf_counter() - t
-            refresh_s = None
-            try:
-                from tracekit.analysis.attribution import per_request as attribution
-            except ImportError:
-                attribution = None  # type: ignore[assignment]
-            if attribution is not None:
-                t = time.perf_counter()
-                attribution.refresh(store, report.trace_ids)
-                refresh_s = time.perf_counter() - t
-
-        raw_db = work / "read_json.duckdb"
-        raw_db.unlink(missing_ok=True)
-        rj_s = duckdb_read_json(data, raw_db)
-
-    if not plain_rows == report.spans_read == n:
+        wall, cpu, rss, line = ingest_child(data, work / "bench.duckdb")
+        print(f"plain json.loads loop      {plain_s:7.2f} s wall {plain_cpu:7.2f} s CPU")
         print(
-            f"span counts differ: generated {n}, plain {plain_rows}, tracekit {report.spans_read}"
+            f"tracekit ingest (process)  {wall:7.2f} s wall {cpu:7.2f} s CPU  "
+            f"peak RSS {rss:,.0f} MB"
         )
-        return 1
-    print(
-        f"(a) tracekit ingest_paths   {n / tk_s:>12,.0f} spans/s  ({tk_s:.2f} s; {report.summary_line()})"
-    )
-    print(f"(b) plain json.loads loop   {n / plain_s:>12,.0f} spans/s  ({plain_s:.2f} s)")
-    print(f"(c) duckdb read_json        {n / rj_s:>12,.0f} spans/s  ({rj_s:.2f} s)")
-    print(
-        f"tracekit / plain = {plain_s / tk_s:.2f}x (target >= 4x); "
-        f"tracekit / read_json = {rj_s / tk_s:.2f}x"
-    )
-    if refresh_s is not None:
+        print(f"  {line}")
         print(
-            f"attribution.refresh         {report.traces / refresh_s:>12,.0f} traces/s ({refresh_s:.2f} s)"
+            f"ratio plain / tracekit: {plain_s / wall:.2f}x wall, {plain_cpu / cpu:.2f}x CPU "
+            f"(target >= 4x); tracekit {n / wall:,.0f} spans/s wall, {n / cpu:,.0f} spans/s "
+            "per CPU second"
         )
+
+        if args.ranks:
+            folder = work / "ranks"
+            split_ranks(data, folder, args.ranks)
+            r_wall, r_cpu, r_rss, r_line = ingest_child(folder, work / "ranks.duckdb")
+            print(
+                f"{args.ranks} per-rank files (same spans): {r_wall:.2f} s wall {r_cpu:.2f} s CPU, "
+                f"peak RSS {r_rss:,.0f} MB; per span {r_cpu / cpu:.2f}x one file's CPU"
+            )
+            shutil.rmtree(folder)
+
+        if args.big_gb:
+            big = work / "big.jsonl"
+            copies = write_big(data, big, args.big_gb)
+            gb = big.stat().st_size / 1e9
+            b_wall, b_cpu, b_rss, b_line = ingest_child(big, work / "big.duckdb")
+            spans = n * copies
+            print(
+                f"{gb:.2f} GB file ({spans:,} spans): {b_wall:.1f} s wall {b_cpu:.1f} s CPU, "
+                f"{spans / b_wall:,.0f} spans/s, peak RSS {b_rss:,.0f} MB"
+            )
+            print(f"  {b_line}")
+            big.unlink()
     return 0
 
 

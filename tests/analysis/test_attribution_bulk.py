@@ -184,3 +184,18 @@ def test_a_partial_refresh_keeps_other_traces(store: Store) -> None:
     some = sorted(before)[:10]
     per_request.refresh(store, some)
     assert stored(store) == before
+
+
+def test_refresh_in_batches_of_traces_writes_what_one_batch_does(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rnd = random.Random(4)
+    store.insert_spans([r for k in range(120) for r in _random_rows(rnd, k)])
+    per_request.refresh(store)
+    whole = stored(store)
+    monkeypatch.setattr(per_request, "REFRESH_TRACES", 17)
+    report = per_request.refresh(store)
+    assert stored(store) == whole and report.requests == len(whole)
+    ids = sorted(whole)[:50]
+    per_request.refresh(store, ids)
+    assert stored(store) == whole

@@ -21,7 +21,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
-from tracekit.analysis.store import Store, schema_sql
+from tracekit.analysis.store import Store, iter_chunks, schema_sql
 from tracekit.errors import QueryError
 
 # Database-client attributes (OTel semantic conventions, old and new names) that mark
@@ -176,12 +176,15 @@ SELECT n.row, n.trace_no, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGINT AS 
        coalesce(list_position($kinds, n.time_kind) - 1, -1)::BIGINT AS tk,
        n.svc,
        n.kind = 'SERVER' AS is_server, n.kind IN ('CLIENT', 'PRODUCER') AS is_outcall,
-       n.name = $batch_name OR coalesce(json_exists(n.attributes, $batch_path), false) AS is_batch,
-       CASE WHEN n.stage IS NULL THEN
+       -- A substring test first: parsing every span's attributes costs more than the walk.
+       n.name = $batch_name OR (contains(n.attributes::VARCHAR, $batch_key)
+            AND coalesce(json_exists(n.attributes, $batch_path), false)) AS is_batch,
+       CASE WHEN n.stage IS NULL AND contains(n.attributes::VARCHAR, 'db.system') THEN
             json_extract_string(n.attributes, $db1) IS NOT NULL
             OR json_extract_string(n.attributes, $db2) IS NOT NULL ELSE false END AS is_db,
        CASE WHEN n.stage IS NULL THEN n.name END AS name,
-       CASE WHEN n.stage IS NULL THEN json_extract_string(n.attributes, $route) END AS route,
+       CASE WHEN n.stage IS NULL AND contains(n.attributes::VARCHAR, $route_key)
+            THEN json_extract_string(n.attributes, $route) END AS route,
        coalesce(n.cpu_time_ns, -1) AS cpu_ns, coalesce(n.gpu_time_ns, -1) AS gpu_ns,
        -- a collective launched while its stage computed on (DDP bucket): see bulk.py
        contains(n.attributes::VARCHAR, $async_key) AND coalesce(TRY_CAST(
@@ -235,9 +238,11 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         "kinds": list(cv.TIME_KINDS),
         "batch_name": cv.BATCH_SPAN_NAME,
         "batch_path": json_path(cv.BATCH_REQUEST_COUNT),
+        "batch_key": cv.BATCH_REQUEST_COUNT,
         "db1": json_path(_DB_SYSTEM_KEYS[0]),
         "db2": json_path(_DB_SYSTEM_KEYS[1]),
         "route": json_path(cv.HTTP_ROUTE),
+        "route_key": cv.HTTP_ROUTE,
         "async_key": cv.COMM_ASYNC,
         "async_path": json_path(cv.COMM_ASYNC),
     }
@@ -303,19 +308,58 @@ def refresh(store: Store, trace_ids: Iterable[str] | None = None) -> RefreshRepo
     report = RefreshReport()
     if ids is not None and not ids:
         return report
+    every = ids
+    if every is None and _trace_count(store) > REFRESH_TRACES:
+        every = [str(r[0]) for r in store.run("SELECT DISTINCT trace_id FROM spans ORDER BY 1")]
+    if every is not None and len(every) > REFRESH_TRACES:
+        # Memory follows the batch, not the store: clear the rows of these traces once,
+        # then attribute and insert them a batch of traces at a time.
+        _clear(store, ids)
+        for chunk in iter_chunks(every, REFRESH_TRACES):
+            _refresh_batch(store, chunk, report, cleared=True)
+    else:
+        _refresh_batch(store, ids, report, cleared=False)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+REFRESH_TRACES = 100_000
+"""Traces attributed per batch (a million spans or so in memory at a time)."""
+
+
+def _trace_count(store: Store) -> int:
+    return int(store.run("SELECT count(DISTINCT trace_id) FROM spans")[0][0])
+
+
+def _clear(store: Store, ids: list[str] | None) -> None:
+    """Drop the derived rows of ``ids`` (all when None) in one rebuild."""
+    con = store.con
+    con.execute("BEGIN")
+    try:
+        _rebuild_tables(store, {"all": ids is None, "ids": ids or []})
+        con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise QueryError(f"cannot write attribution to {store.path}: {exc}") from exc
+
+
+def _refresh_batch(
+    store: Store, ids: list[str] | None, report: RefreshReport, *, cleared: bool
+) -> None:
+    """Attribute the traces ``ids`` (all when None) and write them; add to ``report``."""
     try:
         arrays = load_arrays(store, ids)
         res = bulk.analyse_all(arrays, names_for(store))
-        report.spans = len(arrays.trace)
-        report.traces = res.traces
-        report.requests = len(res.req_trace)
-        report.batch_traces = res.batch_traces
-        report.skipped_no_timestamps = res.skipped_no_timestamps
-        report.skipped_no_root = res.skipped_no_root
-        report.orphans_attached = res.orphans_attached
-        report.orphans_dropped = res.orphans_dropped
-        report.skewed_spans = res.skewed_spans
-        report.fallback_traces = res.fallback_traces
+        report.spans += len(arrays.trace)
+        report.traces += res.traces
+        report.requests += len(res.req_trace)
+        report.batch_traces += res.batch_traces
+        report.skipped_no_timestamps += res.skipped_no_timestamps
+        report.skipped_no_root += res.skipped_no_root
+        report.orphans_attached += res.orphans_attached
+        report.orphans_dropped += res.orphans_dropped
+        report.skewed_spans += res.skewed_spans
+        report.fallback_traces += res.fallback_traces
         req = {
             "root_row": res.req_root,
             "start_ns": res.req_start,
@@ -332,11 +376,9 @@ def refresh(store: Store, trace_ids: Iterable[str] | None = None) -> RefreshRepo
             "cpu_time_ns": res.st_cpu,
             "gpu_time_ns": res.st_gpu,
         }
-        _write(store, ids, req, stages, res.stage_names)
+        _write(store, ids, req, stages, res.stage_names, cleared=cleared)
     finally:
         store.con.execute("DROP TABLE IF EXISTS _tk_attr")
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def _write(
@@ -345,6 +387,8 @@ def _write(
     req: dict[str, Any],
     stages: dict[str, Any],
     stage_names: list[str],
+    *,
+    cleared: bool = False,
 ) -> None:
     con = store.con
     params = {
@@ -361,7 +405,9 @@ def _write(
     try:
         con.execute("BEGIN")
         try:
-            if ids is None or _existing(store, ids) > _REBUILD_ABOVE:
+            if cleared:
+                pass  # the caller removed these traces' rows already
+            elif ids is None or _existing(store, ids) > _REBUILD_ABOVE:
                 _rebuild_tables(store, scope)
             else:
                 # request_stages first: it is the dependent table.

@@ -161,6 +161,10 @@ def _stage_and_store(
     log = ProblemLog(strict=strict)
     reader = _Reader(store, log, version=version, comm_pattern=comm_pattern)
     report = IngestReport(files=len(names))
+    (limit,) = staging.run(store, "SELECT current_setting('memory_limit')")[0]
+    # The stage holds the whole input until finalize; with DuckDB's memory capped it
+    # spills to disk instead of growing with the file (the Python side streams).
+    staging.run(store, f"SET memory_limit = '{INGEST_MEMORY}'")
     staging.create(store)
     try:
         read(reader)
@@ -176,8 +180,13 @@ def _stage_and_store(
         kineto.store_figures(store, reader.kineto, version)
     finally:
         staging.run(store, staging.sql("drop_stage"))
+        staging.run(store, f"SET memory_limit = '{limit}'")
     report.seconds = time.perf_counter() - started
     return report
+
+
+INGEST_MEMORY = "1GB"
+"""DuckDB's memory cap while an ingest runs (what does not fit goes to its temp files)."""
 
 
 class _Reader:
