@@ -29,11 +29,11 @@ CANDIDATES = 32
 """Candidate items per request."""
 CACHE_CAPACITY = 1024
 """Entries the LRU cache holds (the hot users fit, the cold ones churn)."""
-STORE_BASE_MS = 20.0
+STORE_BASE_MS = 40.0
 """Minimum round trip to the remote store on a miss."""
-STORE_JITTER_MS = 10.0
+STORE_JITTER_MS = 20.0
 """Mean of the exponential part of a miss's round trip."""
-STORE_MAX_MS = 80.0
+STORE_MAX_MS = 150.0
 """Cap on a miss's round trip (the client's timeout would fire beyond it)."""
 
 
