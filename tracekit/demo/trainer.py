@@ -103,7 +103,9 @@ class JobSpec:
     Starting a process that imports torch costs seconds on a busy machine (more than a
     run's steps), so one set of processes trains every run: each run sets up its own
     process group (``world`` of the processes take part, the rest wait for the next
-    run), model, DDP wrapper, ``configure()`` and trace files.
+    run), model, DDP wrapper, ``configure()`` and trace files. Put runs with fewer
+    ranks last: a process left idle through a run starts the next one ahead of the
+    others for a while (the scheduler favours a task that slept), a straggler in reverse.
     """
 
     runs: tuple[Run, ...]
@@ -199,9 +201,25 @@ def _rank_main(rank: int, spec: JobSpec, ports: list[int]) -> None:
         raise SystemExit(1) from None
 
 
+def _share_one_core() -> None:
+    """Put every rank on the same core: stand-in devices must be alike.
+
+    On a machine busy with other work, a rank whose core also runs a busy process is
+    woken late after every simulated kernel and becomes a real straggler for as long as
+    the scheduler leaves it there (seconds). Sharing one core, the ranks meet whatever
+    else runs there alike; their own CPU work is a few ms a step.
+    """
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[0]})
+    except (AttributeError, OSError):  # not Linux, or not allowed: run unpinned
+        pass
+
+
 def _rank_runs(rank: int, spec: JobSpec, ports: list[int]) -> None:
     # each rank one thread: the ranks share two cores with everyone else
     os.environ.update({"OMP_NUM_THREADS": "1", **spec.extra_env})
+    _share_one_core()
     import torch
     import torch.distributed as dist
 

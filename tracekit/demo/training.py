@@ -52,10 +52,12 @@ def run_training_demo(
         started = time.perf_counter()
         note(f"training demo: injected problem {problem.name!r} — {problem.description}")
         note(
-            f"running {BEFORE} (1 rank), then {AFTER} (2 ranks): DDP over gloo on 127.0.0.1, "
+            f"running {AFTER} (2 ranks), then {BEFORE} (1 rank): DDP over gloo on 127.0.0.1, "
             f"{steps} steps each …"
         )
-        runs = (Run(BEFORE, 1), Run(AFTER, 2, problem))
+        # the 2-rank run first: a rank that sat idle through a run starts the next one
+        # ahead of the others (the scheduler's doing), which reads as a straggler
+        runs = (Run(AFTER, 2, problem), Run(BEFORE, 1))
         files = run_job(JobSpec(runs, work / "traces", steps=steps, seed=seed))
         db = str(work / DB_NAME)
         code, _ = _cli(["ingest", *map(str, files), "--db", db])
