@@ -39,12 +39,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.instrumentation import setup
 
 TARGET_SPAN_RATIO = 1 / 5
 MOONSHOT_SPAN_RATIO = 1 / 8
-STAGE_NAMES = (c.FEATURE_RETRIEVAL, c.PREPROCESS, c.MODEL_EXECUTE, c.POSTPROCESS, c.DOWNSTREAM)
+STAGE_NAMES = (cv.FEATURE_RETRIEVAL, cv.PREPROCESS, cv.MODEL_EXECUTE, cv.POSTPROCESS, cv.DOWNSTREAM)
 DATA = list(range(32))
 
 
@@ -80,7 +80,7 @@ def make_variants() -> tuple[dict[str, Callable[[], None]], TracerProvider]:
         with otel.start_as_current_span("request"):
             work()
             for name in STAGE_NAMES:
-                with otel.start_as_current_span(name, attributes={c.STAGE: name}):
+                with otel.start_as_current_span(name, attributes={cv.STAGE: name}):
                     work()
 
     def tk_request() -> None:
@@ -96,7 +96,7 @@ def make_variants() -> tuple[dict[str, Callable[[], None]], TracerProvider]:
 
     def otel_5() -> None:  # under a request span opened outside the timing
         for name in STAGE_NAMES:
-            with otel.start_as_current_span(name, attributes={c.STAGE: name}):
+            with otel.start_as_current_span(name, attributes={cv.STAGE: name}):
                 work()
 
     def tk_5() -> None:
@@ -225,7 +225,7 @@ def build_app(variant: str, trace_path: str) -> object:
 
     batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=4, max_wait_ms=0.5)
 
-    @tracekit.stage(c.FEATURE_RETRIEVAL)
+    @tracekit.stage(cv.FEATURE_RETRIEVAL)
     async def fetch(rid: int) -> list[int]:
         await asyncio.sleep(0)
         return [rid] * 8
@@ -233,10 +233,10 @@ def build_app(variant: str, trace_path: str) -> object:
     @app.get("/predict/{rid}")
     async def predict(rid: int) -> dict[str, int]:
         features = await fetch(rid)
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             x = sum(features)
         y = await batcher.submit(x)
-        with tracekit.stage(c.POSTPROCESS):
+        with tracekit.stage(cv.POSTPROCESS):
             return {"rid": rid, "y": y}
 
     @app.get("/_cpu")

@@ -10,7 +10,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _state
 
@@ -46,27 +46,27 @@ def test_recorder_splits_queue_wait_at_batch_close(spans):
         inner.end()
     got = spans.all()
 
-    queues = sorted((s for s in got if s.name == c.BATCH_QUEUE), key=lambda s: s.start_time)
-    assert [s.attributes[c.QUEUE_FILL_WAIT_NS] for s in queues] == [6_000, 4_000, 1_000]
-    assert [s.attributes[c.QUEUE_WORKER_WAIT_NS] for s in queues] == [4_000, 4_000, 4_000]
+    queues = sorted((s for s in got if s.name == cv.BATCH_QUEUE), key=lambda s: s.start_time)
+    assert [s.attributes[cv.QUEUE_FILL_WAIT_NS] for s in queues] == [6_000, 4_000, 1_000]
+    assert [s.attributes[cv.QUEUE_WORKER_WAIT_NS] for s in queues] == [4_000, 4_000, 4_000]
     assert all(s.end_time == t0 + 10_000 for s in queues)
     assert [s.parent.span_id for s in queues] == [r.span_id for r in roots]
 
-    (bspan,) = [s for s in got if s.name == c.BATCH_SPAN_NAME]
-    assert bspan.attributes[c.BATCH_REQUEST_COUNT] == 3 and bspan.parent is None
+    (bspan,) = [s for s in got if s.name == cv.BATCH_SPAN_NAME]
+    assert bspan.attributes[cv.BATCH_REQUEST_COUNT] == 3 and bspan.parent is None
     assert [link.context.span_id for link in bspan.links] == [r.span_id for r in roots]
     assert (bspan.start_time, bspan.end_time) == (t0 + 10_000, t0 + 30_000)
-    models = [s for s in got if s.name == c.MODEL_EXECUTE]
+    models = [s for s in got if s.name == cv.MODEL_EXECUTE]
     assert sorted(m.parent.span_id for m in models) == sorted(r.span_id for r in roots)
     for m in models:
         assert (m.start_time, m.end_time) == (t0 + 10_000, t0 + 30_000)
         assert m.links[0].context.span_id == bspan.context.span_id
         assert (
-            m.attributes[c.BATCH_ID]
-            == bspan.attributes[c.BATCH_ID]
-            == queues[0].attributes[c.BATCH_ID]
+            m.attributes[cv.BATCH_ID]
+            == bspan.attributes[cv.BATCH_ID]
+            == queues[0].attributes[cv.BATCH_ID]
         )
-        assert m.attributes[c.TIME_KIND] == c.COMPUTE
+        assert m.attributes[cv.TIME_KIND] == cv.COMPUTE
     (kernel,) = [s for s in got if s.name == "kernel"]
     assert kernel.parent.span_id == bspan.context.span_id
 
@@ -77,8 +77,11 @@ def test_recorder_default_close_charges_all_to_fill(spans):
     ticket = rec.enqueue()
     clock.now += 7_000
     rec.start([ticket]).finish()
-    (q,) = spans.named(c.BATCH_QUEUE)
-    assert (q.attributes[c.QUEUE_FILL_WAIT_NS], q.attributes[c.QUEUE_WORKER_WAIT_NS]) == (7_000, 0)
+    (q,) = spans.named(cv.BATCH_QUEUE)
+    assert (q.attributes[cv.QUEUE_FILL_WAIT_NS], q.attributes[cv.QUEUE_WORKER_WAIT_NS]) == (
+        7_000,
+        0,
+    )
 
 
 def _submit_all(batcher, items, *, tracer_name="t"):
@@ -109,22 +112,22 @@ def test_batcher_groups_requests_and_returns_each_its_result(spans):
     assert _submit_all(batcher, range(10)) == [x * x for x in range(10)]
     assert sum(sizes) == 10 and max(sizes) <= 4 and len(sizes) < 10
     got = spans.all()
-    for q in (s for s in got if s.name == c.BATCH_QUEUE):
+    for q in (s for s in got if s.name == cv.BATCH_QUEUE):
         a = q.attributes
-        assert a[c.QUEUE_FILL_WAIT_NS] + a[c.QUEUE_WORKER_WAIT_NS] == q.end_time - q.start_time
-        assert a[c.QUEUE_FILL_WAIT_NS] >= 0 and a[c.QUEUE_WORKER_WAIT_NS] >= 0
-    batches = [s for s in got if s.name == c.BATCH_SPAN_NAME]
-    assert sorted(b.attributes[c.BATCH_REQUEST_COUNT] for b in batches) == sorted(sizes)
+        assert a[cv.QUEUE_FILL_WAIT_NS] + a[cv.QUEUE_WORKER_WAIT_NS] == q.end_time - q.start_time
+        assert a[cv.QUEUE_FILL_WAIT_NS] >= 0 and a[cv.QUEUE_WORKER_WAIT_NS] >= 0
+    batches = [s for s in got if s.name == cv.BATCH_SPAN_NAME]
+    assert sorted(b.attributes[cv.BATCH_REQUEST_COUNT] for b in batches) == sorted(sizes)
 
 
 def test_lone_request_waits_for_the_deadline_then_runs(spans):
     batcher = tracekit.DynamicBatcher(lambda xs: list(xs), max_batch_size=8, max_wait_ms=20.0)
     assert _submit_all(batcher, [5]) == [5]
-    (q,) = spans.named(c.BATCH_QUEUE)
-    fill, worker = q.attributes[c.QUEUE_FILL_WAIT_NS], q.attributes[c.QUEUE_WORKER_WAIT_NS]
+    (q,) = spans.named(cv.BATCH_QUEUE)
+    fill, worker = q.attributes[cv.QUEUE_FILL_WAIT_NS], q.attributes[cv.QUEUE_WORKER_WAIT_NS]
     assert fill >= 10_000_000  # it waited for company, about max_wait_ms
     assert worker < fill  # the only worker was idle
-    assert q.attributes[c.BATCH_SIZE] == 1
+    assert q.attributes[cv.BATCH_SIZE] == 1
 
 
 def test_busy_worker_shows_up_as_worker_wait(spans):
@@ -134,11 +137,11 @@ def test_busy_worker_shows_up_as_worker_wait(spans):
 
     batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=1.0, workers=1)
     assert _submit_all(batcher, range(4)) == [0, 1, 2, 3]
-    queues = spans.named(c.BATCH_QUEUE)
+    queues = spans.named(cv.BATCH_QUEUE)
     by_batch: dict[str, list[int]] = {}
     for q in queues:
-        by_batch.setdefault(q.attributes[c.BATCH_ID], []).append(
-            q.attributes[c.QUEUE_WORKER_WAIT_NS]
+        by_batch.setdefault(q.attributes[cv.BATCH_ID], []).append(
+            q.attributes[cv.QUEUE_WORKER_WAIT_NS]
         )
     first, second = sorted(by_batch.values(), key=max)
     # the second batch was full at once but had to wait for the only worker
@@ -154,12 +157,12 @@ def test_run_batch_error_reaches_every_caller(spans):
     batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=3, max_wait_ms=5.0)
     results = _submit_all(batcher, range(3))
     assert all(r is boom for r in results)
-    failed = [s for s in spans.all() if s.name in (c.MODEL_EXECUTE, c.BATCH_SPAN_NAME)]
+    failed = [s for s in spans.all() if s.name in (cv.MODEL_EXECUTE, cv.BATCH_SPAN_NAME)]
     assert len(failed) == 4
     for s in failed:
         assert (
             s.status.status_code is StatusCode.ERROR
-            and s.attributes[c.ERROR_TYPE] == "RuntimeError"
+            and s.attributes[cv.ERROR_TYPE] == "RuntimeError"
         )
 
 
@@ -182,8 +185,8 @@ def test_cancelled_caller_leaves_the_queue(spans):
 
     assert asyncio.run(main()) == 2
     assert batcher.pending == 0
-    (bspan,) = spans.named(c.BATCH_SPAN_NAME)
-    assert bspan.attributes[c.BATCH_REQUEST_COUNT] == 1
+    (bspan,) = spans.named(cv.BATCH_SPAN_NAME)
+    assert bspan.attributes[cv.BATCH_REQUEST_COUNT] == 1
 
 
 def test_bad_batcher_arguments():
@@ -203,10 +206,10 @@ def test_sync_run_batch_cpu_time_reaches_every_member_model_execute_span(spans):
 
     batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=4, max_wait_ms=5.0)
     assert _submit_all(batcher, range(4)) == [0, 1, 2, 3]
-    members = spans.named(c.MODEL_EXECUTE)
+    members = spans.named(cv.MODEL_EXECUTE)
     assert len(members) == 4
     for m in members:
-        cpu = m.attributes[c.CPU_TIME_NS]
+        cpu = m.attributes[cv.CPU_TIME_NS]
         assert cpu >= 3_000_000
         assert cpu < m.end_time - m.start_time  # the 10 ms sleep is not CPU
 
@@ -225,8 +228,8 @@ def test_every_member_model_execute_says_how_device_time_was_taken(spans):
         spans.clear()
         batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=1.0)
         assert _submit_all(batcher, range(2)) == [0, 1]
-        members = [s for s in spans.named(c.MODEL_EXECUTE) if c.BATCH_ID in s.attributes]
+        members = [s for s in spans.named(cv.MODEL_EXECUTE) if cv.BATCH_ID in s.attributes]
         assert len(members) == 2
         for m in members:
-            assert m.attributes[c.GPU_SYNC] == c.SYNC_NONE
-            assert c.GPU_TIME_NS not in m.attributes
+            assert m.attributes[cv.GPU_SYNC] == cv.SYNC_NONE
+            assert cv.GPU_TIME_NS not in m.attributes

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.instrumentation import setup
 from tracekit.instrumentation.exporters import encode_otlp_json
 
@@ -22,9 +22,14 @@ def _make_spans() -> None:
     tracer = trace.get_tracer("tests.exporters", "1.2")
     with tracer.start_as_current_span("request", kind=SpanKind.SERVER) as root:
         root.set_attributes(
-            {c.HTTP_ROUTE: "/predict", c.INFLIGHT: 3, c.CPU_UTILIZATION: 0.25, "tags": ["a", "b"]}
+            {
+                cv.HTTP_ROUTE: "/predict",
+                cv.INFLIGHT: 3,
+                cv.CPU_UTILIZATION: 0.25,
+                "tags": ["a", "b"],
+            }
         )
-        with tracekit.stage(c.FEATURE_RETRIEVAL, **{c.CACHE_HIT: True}) as span:
+        with tracekit.stage(cv.FEATURE_RETRIEVAL, **{cv.CACHE_HIT: True}) as span:
             span.add_event("lookup", {"keys": 4})
         other = trace.get_tracer("other").start_span(
             "batch", context=trace.set_span_in_context(trace.INVALID_SPAN)
@@ -35,7 +40,7 @@ def _make_spans() -> None:
         ):
             pass
         try:
-            with tracekit.stage(c.POSTPROCESS):
+            with tracekit.stage(cv.POSTPROCESS):
                 raise ValueError("bad output")
         except ValueError:
             pass
@@ -55,7 +60,7 @@ def test_file_lines_are_collector_otlp_json(tmp_path):
     ]
     assert len(spans) == 5
     res = {a["key"]: a["value"] for a in docs[0]["resourceSpans"][0]["resource"]["attributes"]}
-    assert res[c.SERVICE_NAME] == {"stringValue": "ranker"} and res[c.SERVICE_VERSION] == {
+    assert res[cv.SERVICE_NAME] == {"stringValue": "ranker"} and res[cv.SERVICE_VERSION] == {
         "stringValue": "v2"
     }
     by_name = {s["name"]: s for s in spans}
@@ -69,15 +74,15 @@ def test_file_lines_are_collector_otlp_json(tmp_path):
     root = by_name["request"]
     assert root["parentSpanId"] == "" and root["kind"] == 2 and root["status"] == {"code": 1}
     attrs = {a["key"]: a["value"] for a in root["attributes"]}
-    assert attrs[c.INFLIGHT] == {"intValue": "3"} and attrs[c.CPU_UTILIZATION] == {
+    assert attrs[cv.INFLIGHT] == {"intValue": "3"} and attrs[cv.CPU_UTILIZATION] == {
         "doubleValue": 0.25
     }
     assert attrs["tags"] == {"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": "b"}]}}
-    fr = by_name[c.FEATURE_RETRIEVAL]
+    fr = by_name[cv.FEATURE_RETRIEVAL]
     assert fr["parentSpanId"] == root["spanId"] and fr["kind"] == 1 and fr["status"] == {}
-    assert {a["key"]: a["value"] for a in fr["attributes"]}[c.CACHE_HIT] == {"boolValue": True}
+    assert {a["key"]: a["value"] for a in fr["attributes"]}[cv.CACHE_HIT] == {"boolValue": True}
     assert fr["events"][0]["name"] == "lookup"
-    post = by_name[c.POSTPROCESS]
+    post = by_name[cv.POSTPROCESS]
     assert post["status"] == {"message": "ValueError: bad output", "code": 2}
     link = by_name["linked"]["links"][0]
     assert (

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.instrumentation import sampler
 
 RID = "test.request_id"  # a test-only attribute that says which request a span served
@@ -52,7 +52,7 @@ def _apps(
             )
         return state["c"]
 
-    @tracekit.stage(c.FEATURE_RETRIEVAL)
+    @tracekit.stage(cv.FEATURE_RETRIEVAL)
     async def fetch(rid: int) -> list[int]:
         await asyncio.sleep(0.001)
         return [rid]
@@ -60,11 +60,11 @@ def _apps(
     @ranker.get("/predict/{rid}")
     async def predict(rid: int) -> dict[str, int]:
         features = await fetch(rid)
-        with tracekit.stage(c.PREPROCESS) as span:
+        with tracekit.stage(cv.PREPROCESS) as span:
             span.set_attribute(RID, rid)
             x = features[0]
         y = await batcher.submit(x)
-        with tracekit.stage(c.POSTPROCESS):
+        with tracekit.stage(cv.POSTPROCESS):
             out = {"rid": rid, "y": y}
         r = await client().get(f"/score/{rid}")
         r.raise_for_status()
@@ -72,7 +72,7 @@ def _apps(
 
     @ranker.get("/fails")
     async def fails() -> None:
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             raise HTTPException(status_code=503, detail="model not loaded")
 
     @ranker.get("/calls-slow")
@@ -105,54 +105,54 @@ def test_full_request_gives_one_trace_with_every_stage(spans, serve_app):
         assert r.json() == {"rid": 7, "y": 70}
     got = spans.all()
     servers = [s for s in got if s.kind is SpanKind.SERVER]
-    root = next(s for s in servers if s.attributes[c.HTTP_ROUTE] == "/predict/{rid}")
+    root = next(s for s in servers if s.attributes[cv.HTTP_ROUTE] == "/predict/{rid}")
     tid = root.context.trace_id
     in_trace = [s for s in got if s.context.trace_id == tid]
     children = {
-        s.attributes.get(c.STAGE): s
+        s.attributes.get(cv.STAGE): s
         for s in in_trace
         if s.parent and s.parent.span_id == root.context.span_id
     }
     assert set(children) == {
-        c.FEATURE_RETRIEVAL,
-        c.PREPROCESS,
-        c.BATCH_QUEUE,
-        c.MODEL_EXECUTE,
-        c.POSTPROCESS,
-        c.DOWNSTREAM,
+        cv.FEATURE_RETRIEVAL,
+        cv.PREPROCESS,
+        cv.BATCH_QUEUE,
+        cv.MODEL_EXECUTE,
+        cv.POSTPROCESS,
+        cv.DOWNSTREAM,
     }
     # stages run in request order
     order = sorted(children.values(), key=lambda s: s.start_time)
-    assert [s.attributes[c.STAGE] for s in order] == list(c.STAGES)
+    assert [s.attributes[cv.STAGE] for s in order] == list(cv.STAGES)
 
     a = root.attributes
-    assert a[c.HTTP_REQUEST_METHOD] == "GET" and a[c.HTTP_RESPONSE_STATUS_CODE] == 200
-    assert a[c.INFLIGHT] >= 1 and a[c.QUEUE_DEPTH] >= 0
-    assert 0.0 <= a[c.CPU_UTILIZATION] <= 1.0
-    assert c.GPU_UTILIZATION not in a  # no GPU here
+    assert a[cv.HTTP_REQUEST_METHOD] == "GET" and a[cv.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert a[cv.INFLIGHT] >= 1 and a[cv.QUEUE_DEPTH] >= 0
+    assert 0.0 <= a[cv.CPU_UTILIZATION] <= 1.0
+    assert cv.GPU_UTILIZATION not in a  # no GPU here
 
-    client = children[c.DOWNSTREAM]
-    assert client.kind is SpanKind.CLIENT and client.attributes[c.TIME_KIND] == c.WAIT
-    assert client.attributes[c.SERVER_ADDRESS] == "127.0.0.1"
-    assert client.attributes[c.URL_FULL].endswith("/score/7")
-    assert client.attributes[c.HTTP_RESPONSE_STATUS_CODE] == 200
+    client = children[cv.DOWNSTREAM]
+    assert client.kind is SpanKind.CLIENT and client.attributes[cv.TIME_KIND] == cv.WAIT
+    assert client.attributes[cv.SERVER_ADDRESS] == "127.0.0.1"
+    assert client.attributes[cv.URL_FULL].endswith("/score/7")
+    assert client.attributes[cv.HTTP_RESPONSE_STATUS_CODE] == 200
     # the downstream service joined the trace through traceparent
-    remote = next(s for s in servers if s.attributes[c.HTTP_ROUTE] == "/score/{rid}")
+    remote = next(s for s in servers if s.attributes[cv.HTTP_ROUTE] == "/score/{rid}")
     assert remote.context.trace_id == tid and remote.parent.span_id == client.context.span_id
     score = next(s for s in in_trace if s.name == "score")
     assert score.parent.span_id == remote.context.span_id
 
-    queue, model = children[c.BATCH_QUEUE], children[c.MODEL_EXECUTE]
-    assert queue.attributes[c.QUEUE_FILL_WAIT_NS] + queue.attributes[c.QUEUE_WORKER_WAIT_NS] == (
+    queue, model = children[cv.BATCH_QUEUE], children[cv.MODEL_EXECUTE]
+    assert queue.attributes[cv.QUEUE_FILL_WAIT_NS] + queue.attributes[cv.QUEUE_WORKER_WAIT_NS] == (
         queue.end_time - queue.start_time
     )
-    assert model.attributes[c.BATCH_ID] == queue.attributes[c.BATCH_ID]
-    (batch,) = [s for s in got if s.name == c.BATCH_SPAN_NAME]
+    assert model.attributes[cv.BATCH_ID] == queue.attributes[cv.BATCH_ID]
+    (batch,) = [s for s in got if s.name == cv.BATCH_SPAN_NAME]
     assert batch.context.trace_id != tid and batch.parent is None
     assert [link.context.span_id for link in batch.links] == [root.context.span_id]
     assert model.links[0].context.span_id == batch.context.span_id
     inner = [s for s in got if s.parent and s.parent.span_id == batch.context.span_id]
-    assert [s.attributes[c.GPU_SYNC] for s in inner] == [c.SYNC_NONE]
+    assert [s.attributes[cv.GPU_SYNC] for s in inner] == [cv.SYNC_NONE]
 
 
 def test_100_concurrent_requests_give_100_separate_traces(spans, serve_app):
@@ -179,7 +179,7 @@ def test_100_concurrent_requests_give_100_separate_traces(spans, serve_app):
     roots = [
         s
         for s in got
-        if s.kind is SpanKind.SERVER and s.attributes[c.HTTP_ROUTE] == "/predict/{rid}"
+        if s.kind is SpanKind.SERVER and s.attributes[cv.HTTP_ROUTE] == "/predict/{rid}"
     ]
     assert len({r.context.trace_id for r in roots}) == n
     request_root_ids = set()
@@ -189,15 +189,15 @@ def test_100_concurrent_requests_give_100_separate_traces(spans, serve_app):
         assert len(rids) == 1, (
             f"spans of different requests share trace {root.context.trace_id:032x}"
         )
-        stages = [s.attributes.get(c.STAGE) for s in members]
-        assert stages.count(c.BATCH_QUEUE) == 1 and stages.count(c.MODEL_EXECUTE) == 1
+        stages = [s.attributes.get(cv.STAGE) for s in members]
+        assert stages.count(cv.BATCH_QUEUE) == 1 and stages.count(cv.MODEL_EXECUTE) == 1
         assert sum(1 for s in members if s.kind is SpanKind.SERVER) == 2  # ranker + scorer
         request_root_ids.add(root.context.span_id)
-    batches = [s for s in got if s.name == c.BATCH_SPAN_NAME]
-    assert sum(b.attributes[c.BATCH_REQUEST_COUNT] for b in batches) == n
+    batches = [s for s in got if s.name == cv.BATCH_SPAN_NAME]
+    assert sum(b.attributes[cv.BATCH_REQUEST_COUNT] for b in batches) == n
     linked = {link.context.span_id for b in batches for link in b.links}
     assert linked == request_root_ids
-    assert all(b.attributes[c.BATCH_REQUEST_COUNT] <= 8 for b in batches)
+    assert all(b.attributes[cv.BATCH_REQUEST_COUNT] <= 8 for b in batches)
 
 
 def test_timeouts_and_retries_mark_client_spans(spans, serve_app):
@@ -211,12 +211,12 @@ def test_timeouts_and_retries_mark_client_spans(spans, serve_app):
         (s for s in spans.all() if s.kind is SpanKind.CLIENT), key=lambda s: s.start_time
     )
     assert len(clients) == 3
-    assert [s.attributes.get(c.HTTP_REQUEST_RESEND_COUNT) for s in clients] == [None, 1, 2]
+    assert [s.attributes.get(cv.HTTP_REQUEST_RESEND_COUNT) for s in clients] == [None, 1, 2]
     assert len({s.context.trace_id for s in clients}) == 1
     for s in clients:
-        assert s.attributes[c.ERROR_TYPE] == "ReadTimeout"
+        assert s.attributes[cv.ERROR_TYPE] == "ReadTimeout"
         assert s.status.status_code is StatusCode.ERROR
-        assert s.attributes[c.STAGE] == c.DOWNSTREAM
+        assert s.attributes[cv.STAGE] == cv.DOWNSTREAM
 
 
 def test_handler_error_marks_request_and_stage(spans, serve_app):
@@ -225,10 +225,10 @@ def test_handler_error_marks_request_and_stage(spans, serve_app):
         r = httpx.get(f"{ranker_url}/fails", timeout=10)
     assert r.status_code == 503
     got = spans.all()
-    (stage,) = [s for s in got if s.name == c.PREPROCESS]
-    assert stage.attributes[c.ERROR_TYPE] == "HTTPException"
+    (stage,) = [s for s in got if s.name == cv.PREPROCESS]
+    assert stage.attributes[cv.ERROR_TYPE] == "HTTPException"
     (root,) = [s for s in got if s.kind is SpanKind.SERVER]
-    assert root.attributes[c.HTTP_RESPONSE_STATUS_CODE] == 503
+    assert root.attributes[cv.HTTP_RESPONSE_STATUS_CODE] == 503
     assert root.status.status_code is StatusCode.ERROR
 
 
@@ -287,8 +287,8 @@ def test_a_request_after_shutdown_starts_no_sampler_thread():
     tracekit.shutdown()
     servers = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
     assert len(servers) == 3
-    assert all(c.INFLIGHT in s.attributes for s in servers)
-    assert all(c.CPU_UTILIZATION not in s.attributes for s in servers)
+    assert all(cv.INFLIGHT in s.attributes for s in servers)
+    assert all(cv.CPU_UTILIZATION not in s.attributes for s in servers)
 
 
 def test_the_first_request_after_start_up_carries_cpu_utilization(spans):
@@ -309,5 +309,5 @@ def test_the_first_request_after_start_up_carries_cpu_utilization(spans):
 
     assert asyncio.run(first_request()).json() == {"ok": True}
     (server,) = [s for s in spans.all() if s.kind is SpanKind.SERVER]
-    assert 0.0 <= server.attributes[c.CPU_UTILIZATION] <= 1.0
+    assert 0.0 <= server.attributes[cv.CPU_UTILIZATION] <= 1.0
     sampler.stop()

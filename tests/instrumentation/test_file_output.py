@@ -28,22 +28,22 @@ from fastapi import FastAPI, HTTPException
 from opentelemetry import trace
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 
 FIXTURE = Path(__file__).parent / "data" / "request_spans.json"
 
 # Values that differ between runs of the same request: compared by type only.
 VOLATILE = {
-    c.CPU_TIME_NS,
-    c.GPU_TIME_NS,
-    c.QUEUE_FILL_WAIT_NS,
-    c.QUEUE_WORKER_WAIT_NS,
-    c.BATCH_ID,
-    c.CPU_UTILIZATION,
-    c.URL_FULL,
-    c.SERVER_PORT,
-    c.SERVICE_INSTANCE_ID,
-    c.HOST_NAME,
+    cv.CPU_TIME_NS,
+    cv.GPU_TIME_NS,
+    cv.QUEUE_FILL_WAIT_NS,
+    cv.QUEUE_WORKER_WAIT_NS,
+    cv.BATCH_ID,
+    cv.CPU_UTILIZATION,
+    cv.URL_FULL,
+    cv.SERVER_PORT,
+    cv.SERVICE_INSTANCE_ID,
+    cv.HOST_NAME,
     "client.address",
     "client.port",
     "network.peer.address",
@@ -73,7 +73,7 @@ def _apps() -> tuple[FastAPI, FastAPI, list[str]]:
     batcher = tracekit.DynamicBatcher(run_batch, max_batch_size=4, max_wait_ms=1.0)
     state: dict[str, httpx.AsyncClient] = {}
 
-    @tracekit.stage(c.FEATURE_RETRIEVAL, **{c.CACHE_HIT: False})
+    @tracekit.stage(cv.FEATURE_RETRIEVAL, **{cv.CACHE_HIT: False})
     async def fetch(rid: int) -> list[int]:
         await asyncio.sleep(0.001)
         return [rid]
@@ -88,12 +88,12 @@ def _apps() -> tuple[FastAPI, FastAPI, list[str]]:
     @ranker.get("/predict/{rid}")
     async def predict(rid: int) -> dict[str, int]:
         features = await fetch(rid)
-        with tracekit.stage(c.PREPROCESS) as span:
+        with tracekit.stage(cv.PREPROCESS) as span:
             span.set_attribute("test.rid", rid)
             span.add_event("features", {"count": len(features)})
             x = tokenize(features[0])
         y = await batcher.submit(x)
-        async with tracekit.stage(c.POSTPROCESS):
+        async with tracekit.stage(cv.POSTPROCESS):
             out = {"rid": rid, "y": y}
         if "c" not in state:
             state["c"] = tracekit.instrument_httpx(
@@ -105,7 +105,7 @@ def _apps() -> tuple[FastAPI, FastAPI, list[str]]:
 
     @ranker.get("/fails")
     async def fails() -> None:
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             raise HTTPException(status_code=503, detail="model not loaded")
 
     tracekit.instrument_fastapi(scorer)
@@ -132,7 +132,7 @@ def produce(path: Path) -> None:
         ):
             pass
         try:
-            with tracekit.stage("root-stage", time_kind=c.WAIT):
+            with tracekit.stage("root-stage", time_kind=cv.WAIT):
                 raise ValueError("bad input")
         except ValueError:
             pass
@@ -143,7 +143,7 @@ def produce(path: Path) -> None:
 def _value(key: str, value: dict[str, Any]) -> Any:
     if key in VOLATILE:
         return f"<{next(iter(value))}>"
-    if key == c.SERVER_ADDRESS and ":" in value.get("stringValue", ""):
+    if key == cv.SERVER_ADDRESS and ":" in value.get("stringValue", ""):
         return {"stringValue": value["stringValue"].rsplit(":", 1)[0] + ":<port>"}
     return value
 
@@ -213,9 +213,9 @@ def _added_on_purpose(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in spans:
         attrs = s["attributes"]
         if s["kind"] == 2:  # SERVER
-            attrs.setdefault(c.CPU_UTILIZATION, "<doubleValue>")
-        if c.BATCH_ID in attrs and s["name"] in (c.MODEL_EXECUTE, c.BATCH_SPAN_NAME):
-            attrs.setdefault(c.GPU_SYNC, {"stringValue": c.SYNC_NONE})
+            attrs.setdefault(cv.CPU_UTILIZATION, "<doubleValue>")
+        if cv.BATCH_ID in attrs and s["name"] in (cv.MODEL_EXECUTE, cv.BATCH_SPAN_NAME):
+            attrs.setdefault(cv.GPU_SYNC, {"stringValue": cv.SYNC_NONE})
     return spans
 
 

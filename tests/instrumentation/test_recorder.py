@@ -16,7 +16,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.instrumentation import _recorder, _spans
 from tracekit.instrumentation._recorder import RECORDER
 
@@ -29,11 +29,11 @@ def _by_name(spans):
 
 def test_otel_span_inside_a_stage_is_the_stages_child(spans):
     user = trace.get_tracer("user.code")
-    with tracekit.stage(c.PREPROCESS) as stage, user.start_as_current_span("tokenize") as inner:
+    with tracekit.stage(cv.PREPROCESS) as stage, user.start_as_current_span("tokenize") as inner:
         assert inner.get_span_context().trace_id == stage.get_span_context().trace_id
     got = _by_name(spans)
-    assert got["tokenize"].parent.span_id == got[c.PREPROCESS].context.span_id
-    assert got["tokenize"].context.trace_id == got[c.PREPROCESS].context.trace_id
+    assert got["tokenize"].parent.span_id == got[cv.PREPROCESS].context.span_id
+    assert got["tokenize"].context.trace_id == got[cv.PREPROCESS].context.trace_id
 
 
 def test_stage_inside_otel_span_inside_stage_nests_all_the_way(spans):
@@ -54,9 +54,9 @@ def test_stage_inside_otel_span_inside_stage_nests_all_the_way(spans):
 
 def test_traceparent_injected_inside_a_stage_names_the_stage(spans):
     carrier: dict[str, str] = {}
-    with tracekit.stage(c.DOWNSTREAM):
+    with tracekit.stage(cv.DOWNSTREAM):
         inject(carrier)
-    (stage,) = spans.named(c.DOWNSTREAM)
+    (stage,) = spans.named(cv.DOWNSTREAM)
     version, trace_id, span_id, flags = carrier["traceparent"].split("-")
     assert int(trace_id, 16) == stage.context.trace_id
     assert int(span_id, 16) == stage.context.span_id
@@ -64,12 +64,12 @@ def test_traceparent_injected_inside_a_stage_names_the_stage(spans):
 
 
 def test_current_span_inside_a_stage_carries_the_stages_context(spans):
-    with tracekit.stage(c.PREPROCESS) as span:
+    with tracekit.stage(cv.PREPROCESS) as span:
         current = trace.get_current_span()
         assert current is span and current.is_recording()
         ctx = current.get_span_context()
     assert not span.is_recording()  # ended
-    (stage,) = spans.named(c.PREPROCESS)
+    (stage,) = spans.named(cv.PREPROCESS)
     assert (ctx.trace_id, ctx.span_id) == (stage.context.trace_id, stage.context.span_id)
     assert ctx.trace_flags == stage.context.trace_flags
 
@@ -77,14 +77,14 @@ def test_current_span_inside_a_stage_carries_the_stages_context(spans):
 def test_concurrent_asyncio_tasks_each_get_their_own_trace(spans):
     user = trace.get_tracer("user.code")
 
-    @tracekit.stage(c.FEATURE_RETRIEVAL)
+    @tracekit.stage(cv.FEATURE_RETRIEVAL)
     async def fetch(i: int) -> None:
         await asyncio.sleep(0.001 * (i % 3))
 
     async def request(i: int) -> None:
         with user.start_as_current_span(f"request-{i}", attributes={TASK: i}):
             await fetch(i)
-            async with tracekit.stage(c.DOWNSTREAM, **{TASK: i}):
+            async with tracekit.stage(cv.DOWNSTREAM, **{TASK: i}):
                 await asyncio.sleep(0.001 * (i % 2))
                 with tracekit.stage("nested", **{TASK: i}):
                     pass
@@ -98,13 +98,13 @@ def test_concurrent_asyncio_tasks_each_get_their_own_trace(spans):
     assert len(roots) == 30 and len({r.context.trace_id for r in roots.values()}) == 30
     by_id = {s.context.span_id: s for s in got}
     for s in got:
-        if s.name in (c.DOWNSTREAM, "nested"):
+        if s.name in (cv.DOWNSTREAM, "nested"):
             root = roots[s.attributes[TASK]]
             assert s.context.trace_id == root.context.trace_id
     for s in (s for s in got if s.name == "nested"):
-        assert by_id[s.parent.span_id].name == c.DOWNSTREAM
+        assert by_id[s.parent.span_id].name == cv.DOWNSTREAM
         assert by_id[s.parent.span_id].attributes[TASK] == s.attributes[TASK]
-    for s in (s for s in got if s.name == c.FEATURE_RETRIEVAL):
+    for s in (s for s in got if s.name == cv.FEATURE_RETRIEVAL):
         assert by_id[s.parent.span_id].name.startswith("request-")
 
 
@@ -159,7 +159,7 @@ def test_a_full_buffer_drops_and_counts_instead_of_waiting(spans, monkeypatch, c
     monkeypatch.setattr(RECORDER, "dropped", 0)
     caplog.set_level(logging.WARNING, logger="tracekit")
     for i in range(25):
-        with tracekit.stage(c.PREPROCESS) as span:
+        with tracekit.stage(cv.PREPROCESS) as span:
             span.set_attribute(TASK, i)
     assert RECORDER.dropped == 15 and _recorder.stats()["pending"] == 10
     full = [r for r in caplog.records if "dropped" in r.getMessage()]
@@ -190,7 +190,7 @@ def test_shutdown_exports_every_span_recorded_even_past_the_export_queue():
     RECORDER.stop()  # all of them are still buffered when shutdown() starts
     n = 5000  # more than the exporter's batch queue holds (2048) while it is stuck
     for _ in range(n):
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             pass
     tracekit.shutdown()
     assert len(exporter.get_finished_spans()) == n
@@ -202,7 +202,7 @@ def test_a_failure_building_a_span_never_reaches_user_code(spans, no_strict, mon
 
     monkeypatch.setattr(_spans.FastSpan, "_build", broken)
     for _ in range(3):
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             pass
     spans.all()  # flush: the failure is reported once, here, not in the stage
     assert sum("builder exploded" in r.getMessage() for r in caplog.records) == 1
@@ -213,7 +213,7 @@ def test_stage_under_an_unsampled_parent_records_nothing(spans):
     parent = trace.NonRecordingSpan(
         trace.SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=trace.TraceFlags(0))
     )
-    with trace.use_span(parent), tracekit.stage(c.PREPROCESS) as span:
+    with trace.use_span(parent), tracekit.stage(cv.PREPROCESS) as span:
         assert not span.is_recording()
         assert span.get_span_context().trace_id == 0xABC
         with user.start_as_current_span("inner"):

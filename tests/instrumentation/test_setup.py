@@ -17,7 +17,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import setup
 from tracekit.instrumentation.exporters import OTLPJsonFileExporter
@@ -55,9 +55,9 @@ def _exporters() -> list:
 def test_resource_from_arguments_and_defaults():
     tracekit.configure(service_name="ranker", service_version="v2", exporter=InMemorySpanExporter())
     r = _resource()
-    assert r[c.SERVICE_NAME] == "ranker" and r[c.SERVICE_VERSION] == "v2"
-    assert r[c.HOST_NAME] == socket.gethostname()
-    assert len(r[c.SERVICE_INSTANCE_ID]) == 36  # a uuid per process
+    assert r[cv.SERVICE_NAME] == "ranker" and r[cv.SERVICE_VERSION] == "v2"
+    assert r[cv.HOST_NAME] == socket.gethostname()
+    assert len(r[cv.SERVICE_INSTANCE_ID]) == 36  # a uuid per process
 
 
 def test_resource_from_standard_environment(monkeypatch):
@@ -68,17 +68,17 @@ def test_resource_from_standard_environment(monkeypatch):
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
     tracekit.configure(exporter=InMemorySpanExporter())
     r = _resource()
-    assert r[c.SERVICE_NAME] == "from-env"  # OTEL_SERVICE_NAME beats OTEL_RESOURCE_ATTRIBUTES
-    assert r[c.SERVICE_VERSION] == "v9"
+    assert r[cv.SERVICE_NAME] == "from-env"  # OTEL_SERVICE_NAME beats OTEL_RESOURCE_ATTRIBUTES
+    assert r[cv.SERVICE_VERSION] == "v9"
     assert r["deployment.environment"] == "prod eu"
-    assert r[c.SERVICE_INSTANCE_ID] == "pod-3"
+    assert r[cv.SERVICE_INSTANCE_ID] == "pod-3"
 
 
 def test_arguments_beat_environment(monkeypatch):
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.version=v9")
     tracekit.configure(service_name="ranker", service_version="v2", exporter=InMemorySpanExporter())
-    assert (_resource()[c.SERVICE_NAME], _resource()[c.SERVICE_VERSION]) == ("ranker", "v2")
+    assert (_resource()[cv.SERVICE_NAME], _resource()[cv.SERVICE_VERSION]) == ("ranker", "v2")
 
 
 def test_malformed_resource_variable_names_the_variable(monkeypatch):
@@ -91,11 +91,11 @@ def test_configure_is_idempotent_and_replaces_on_change():
     mem = InMemorySpanExporter()
     first = tracekit.configure(service_name="a", exporter=mem)
     assert tracekit.configure(service_name="a", exporter=mem) is first
-    with tracekit.stage(c.PREPROCESS):
+    with tracekit.stage(cv.PREPROCESS):
         pass
     second = tracekit.configure(service_name="b", exporter=InMemorySpanExporter())
     assert second is not first
-    assert [s.name for s in mem.get_finished_spans()] == [c.PREPROCESS]  # flushed on replace
+    assert [s.name for s in mem.get_finished_spans()] == [cv.PREPROCESS]  # flushed on replace
 
 
 def test_default_exporter_is_the_file(tmp_path):
@@ -140,7 +140,7 @@ def test_file_and_jaeger_together(tmp_path):
 def test_two_exporters_both_receive_every_span(tmp_path):
     a, b = InMemorySpanExporter(), InMemorySpanExporter()
     tracekit.configure(service_name="a", exporter=[a, b])
-    with tracekit.stage(c.PREPROCESS):
+    with tracekit.stage(cv.PREPROCESS):
         pass
     setup.flush()
     assert len(a.get_finished_spans()) == len(b.get_finished_spans()) == 1
@@ -165,14 +165,14 @@ def test_sampling_marks_kept_roots_with_their_weight():
     tracekit.configure(service_name="a", exporter=mem, sample_ratio=0.25)
     random.seed(7)  # trace ids, and so the ratio sampler's choices, come from `random`
     for _ in range(200):
-        with tracekit.stage("request"), tracekit.stage(c.PREPROCESS):
+        with tracekit.stage("request"), tracekit.stage(cv.PREPROCESS):
             pass
     setup.flush()
     got = mem.get_finished_spans()
     roots = [s for s in got if s.parent is None]
     assert 0 < len(roots) < 200  # 1 in 4 kept: P(0 or 200 of 200) is negligible
-    assert all(s.attributes[c.SAMPLE_WEIGHT] == 4.0 for s in roots)
-    assert all(c.SAMPLE_WEIGHT not in s.attributes for s in got if s.parent is not None)
+    assert all(s.attributes[cv.SAMPLE_WEIGHT] == 4.0 for s in roots)
+    assert all(cv.SAMPLE_WEIGHT not in s.attributes for s in got if s.parent is not None)
 
 
 def test_dead_endpoint_drops_are_counted_and_logged_once(caplog):
@@ -184,7 +184,7 @@ def test_dead_endpoint_drops_are_counted_and_logged_once(caplog):
     caplog.set_level(logging.WARNING, logger="tracekit")
     n = 3000  # more than the batch processor's queue holds (2048)
     for _ in range(n):
-        with tracekit.stage(c.PREPROCESS):
+        with tracekit.stage(cv.PREPROCESS):
             pass
     (pipeline,) = setup._STATE.pipelines
     tracekit.shutdown(timeout_s=1.0)
@@ -262,7 +262,7 @@ def _busy_app() -> FastAPI:
 
     @app.get("/work/{i}")
     async def work(i: int) -> dict[str, int]:
-        for name in (c.FEATURE_RETRIEVAL, c.PREPROCESS, c.MODEL_EXECUTE, c.POSTPROCESS) * 5:
+        for name in (cv.FEATURE_RETRIEVAL, cv.PREPROCESS, cv.MODEL_EXECUTE, cv.POSTPROCESS) * 5:
             with tracekit.stage(name):
                 pass
         return {"i": i}

@@ -10,7 +10,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError, InstrumentationError
 from tracekit.instrumentation import stages
 
@@ -22,63 +22,63 @@ def _burn(ns: int) -> None:
 
 
 def test_every_form_writes_a_stage_span_with_default_time_kind(spans):
-    @tracekit.stage(c.FEATURE_RETRIEVAL)
+    @tracekit.stage(cv.FEATURE_RETRIEVAL)
     def fetch() -> int:
         return 1
 
-    @tracekit.stage(c.POSTPROCESS)
+    @tracekit.stage(cv.POSTPROCESS)
     async def post() -> int:
         await asyncio.sleep(0)
         return 2
 
     async def main() -> None:
-        async with tracekit.stage(c.DOWNSTREAM):
+        async with tracekit.stage(cv.DOWNSTREAM):
             await asyncio.sleep(0)
         assert await post() == 2
 
     assert fetch() == 1
-    with tracekit.stage(c.PREPROCESS, **{c.CACHE_HIT: False}):
+    with tracekit.stage(cv.PREPROCESS, **{cv.CACHE_HIT: False}):
         pass
     with tracekit.stage("rerank"):
         pass
-    with tracekit.stage("lookup", time_kind=c.WAIT):
+    with tracekit.stage("lookup", time_kind=cv.WAIT):
         pass
     asyncio.run(main())
 
     got = {s.name: dict(s.attributes or {}) for s in spans.all()}
-    assert got[c.FEATURE_RETRIEVAL][c.TIME_KIND] == c.WAIT
-    assert got[c.PREPROCESS][c.TIME_KIND] == c.COMPUTE
-    assert got[c.PREPROCESS][c.CACHE_HIT] is False
-    assert got[c.DOWNSTREAM][c.TIME_KIND] == c.WAIT
-    assert got[c.POSTPROCESS][c.TIME_KIND] == c.COMPUTE
-    assert got["rerank"][c.TIME_KIND] == c.COMPUTE
-    assert got["lookup"][c.TIME_KIND] == c.WAIT
+    assert got[cv.FEATURE_RETRIEVAL][cv.TIME_KIND] == cv.WAIT
+    assert got[cv.PREPROCESS][cv.TIME_KIND] == cv.COMPUTE
+    assert got[cv.PREPROCESS][cv.CACHE_HIT] is False
+    assert got[cv.DOWNSTREAM][cv.TIME_KIND] == cv.WAIT
+    assert got[cv.POSTPROCESS][cv.TIME_KIND] == cv.COMPUTE
+    assert got["rerank"][cv.TIME_KIND] == cv.COMPUTE
+    assert got["lookup"][cv.TIME_KIND] == cv.WAIT
     for name, a in got.items():
-        assert a[c.STAGE] == name
+        assert a[cv.STAGE] == name
     # CPU time where one thread ran the whole stage; none for `async with`
-    for name in (c.FEATURE_RETRIEVAL, c.PREPROCESS, c.POSTPROCESS):
-        assert got[name][c.CPU_TIME_NS] >= 0
-    assert c.CPU_TIME_NS not in got[c.DOWNSTREAM]
+    for name in (cv.FEATURE_RETRIEVAL, cv.PREPROCESS, cv.POSTPROCESS):
+        assert got[name][cv.CPU_TIME_NS] >= 0
+    assert cv.CPU_TIME_NS not in got[cv.DOWNSTREAM]
 
 
 def test_stages_nest_under_the_current_span(spans):
     outer = trace.get_tracer("t")
     with (
         outer.start_as_current_span("request") as root,
-        tracekit.stage(c.PREPROCESS),
+        tracekit.stage(cv.PREPROCESS),
         tracekit.stage("tokenize"),
     ):
         pass
     by_name = {s.name: s for s in spans.all()}
-    assert by_name[c.PREPROCESS].parent.span_id == root.get_span_context().span_id
-    assert by_name["tokenize"].parent.span_id == by_name[c.PREPROCESS].context.span_id
+    assert by_name[cv.PREPROCESS].parent.span_id == root.get_span_context().span_id
+    assert by_name["tokenize"].parent.span_id == by_name[cv.PREPROCESS].context.span_id
     assert len({s.context.trace_id for s in by_name.values()}) == 1
 
 
 def test_async_decorator_charges_only_its_own_steps(spans):
     """Another task burning CPU on the same thread while the stage awaits is not charged to it."""
 
-    @tracekit.stage(c.FEATURE_RETRIEVAL)
+    @tracekit.stage(cv.FEATURE_RETRIEVAL)
     async def waits() -> None:
         await asyncio.sleep(0.05)
 
@@ -93,15 +93,15 @@ def test_async_decorator_charges_only_its_own_steps(spans):
         return burned
 
     burned = asyncio.run(main())
-    (span,) = spans.named(c.FEATURE_RETRIEVAL)
-    assert span.attributes[c.CPU_TIME_NS] < burned / 4
+    (span,) = spans.named(cv.FEATURE_RETRIEVAL)
+    assert span.attributes[cv.CPU_TIME_NS] < burned / 4
 
 
 def test_sync_stage_cpu_time_tracks_work(spans):
-    with tracekit.stage(c.PREPROCESS):
+    with tracekit.stage(cv.PREPROCESS):
         _burn(20_000_000)
-    (span,) = spans.named(c.PREPROCESS)
-    assert span.attributes[c.CPU_TIME_NS] >= 20_000_000
+    (span,) = spans.named(cv.PREPROCESS)
+    assert span.attributes[cv.CPU_TIME_NS] >= 20_000_000
 
 
 @pytest.mark.parametrize("form", ["with", "decorator", "async_with", "async_decorator"])
@@ -117,28 +117,28 @@ def test_user_exception_is_recorded_and_reraised_unchanged(spans, form):
 
     async def run_async() -> None:
         if form == "async_with":
-            async with tracekit.stage(c.FEATURE_RETRIEVAL):
+            async with tracekit.stage(cv.FEATURE_RETRIEVAL):
                 await async_fn()
         else:
-            await tracekit.stage(c.FEATURE_RETRIEVAL)(async_fn)()
+            await tracekit.stage(cv.FEATURE_RETRIEVAL)(async_fn)()
 
     with pytest.raises(KeyError) as info:
         if form == "with":
-            with tracekit.stage(c.FEATURE_RETRIEVAL):
+            with tracekit.stage(cv.FEATURE_RETRIEVAL):
                 sync_fn()
         elif form == "decorator":
-            tracekit.stage(c.FEATURE_RETRIEVAL)(sync_fn)()
+            tracekit.stage(cv.FEATURE_RETRIEVAL)(sync_fn)()
         else:
             asyncio.run(run_async())
     assert info.value is boom
-    (span,) = spans.named(c.FEATURE_RETRIEVAL)
+    (span,) = spans.named(cv.FEATURE_RETRIEVAL)
     assert span.status.status_code is StatusCode.ERROR
-    assert span.attributes[c.ERROR_TYPE] == "KeyError"
+    assert span.attributes[cv.ERROR_TYPE] == "KeyError"
     assert [e.name for e in span.events] == ["exception"]
 
 
 def test_one_stage_object_shared_by_concurrent_tasks(spans):
-    shared = tracekit.stage(c.PREPROCESS)
+    shared = tracekit.stage(cv.PREPROCESS)
     tracer = trace.get_tracer("t")
 
     async def request(i: int) -> int:
@@ -151,12 +151,12 @@ def test_one_stage_object_shared_by_concurrent_tasks(spans):
         return await asyncio.gather(*(request(i) for i in range(20)))
 
     roots = asyncio.run(main())
-    parents = sorted(s.parent.span_id for s in spans.named(c.PREPROCESS))
+    parents = sorted(s.parent.span_id for s in spans.named(cv.PREPROCESS))
     assert parents == sorted(roots)
 
 
 def test_decorated_function_keeps_name_and_result(spans):
-    @tracekit.stage(c.POSTPROCESS)
+    @tracekit.stage(cv.POSTPROCESS)
     def to_response(x: int) -> dict[str, int]:
         """Docstring."""
         return {"score": x}
@@ -168,7 +168,7 @@ def test_decorated_function_keeps_name_and_result(spans):
 
 def test_bad_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="time_kind"):
-        tracekit.stage(c.PREPROCESS, time_kind="sleeping")
+        tracekit.stage(cv.PREPROCESS, time_kind="sleeping")
     with pytest.raises(ConfigError, match="name"):
         tracekit.stage("")
 
@@ -176,7 +176,7 @@ def test_bad_arguments_are_config_errors():
         yield 1
 
     with pytest.raises(ConfigError, match="generator"):
-        tracekit.stage(c.PREPROCESS)(gen)
+        tracekit.stage(cv.PREPROCESS)(gen)
 
 
 def test_internal_failure_never_reaches_serving_code(spans, no_strict, monkeypatch, caplog):
@@ -185,12 +185,12 @@ def test_internal_failure_never_reaches_serving_code(spans, no_strict, monkeypat
 
     monkeypatch.setattr(stages._TRACER, "start_span", broken)
 
-    @tracekit.stage(c.PREPROCESS)
+    @tracekit.stage(cv.PREPROCESS)
     def work(x: int) -> int:
         return x * 2
 
     assert [work(i) for i in range(5)] == [0, 2, 4, 6, 8]
-    with tracekit.stage(c.POSTPROCESS):
+    with tracekit.stage(cv.POSTPROCESS):
         pass
     failures = [r for r in caplog.records if "tracer exploded" in r.getMessage()]
     assert len(failures) == 1  # logged once for that place, not per call
@@ -203,11 +203,14 @@ def test_internal_failure_is_raised_under_strict(spans, monkeypatch):
         raise RuntimeError("tracer exploded")
 
     monkeypatch.setattr(stages._TRACER, "start_span", broken)
-    with pytest.raises(InstrumentationError, match="tracer exploded"), tracekit.stage(c.PREPROCESS):
+    with (
+        pytest.raises(InstrumentationError, match="tracer exploded"),
+        tracekit.stage(cv.PREPROCESS),
+    ):
         pass
 
 
 def test_stages_are_noops_before_configure():
     tracekit.shutdown()
-    with tracekit.stage(c.PREPROCESS) as span:
+    with tracekit.stage(cv.PREPROCESS) as span:
         assert not span.is_recording()

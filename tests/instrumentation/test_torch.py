@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tracekit
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import torch as tk_torch
 
@@ -62,20 +62,20 @@ def test_cpu_model_gets_wall_and_cpu_time_and_says_no_sync(spans):
     model = torch.nn.Linear(16, 4)
     with tracekit.model_execution():
         model(torch.ones(32, 16))
-    (span,) = spans.named(c.MODEL_EXECUTE)
+    (span,) = spans.named(cv.MODEL_EXECUTE)
     a = span.attributes
-    assert a[c.STAGE] == c.MODEL_EXECUTE and a[c.TIME_KIND] == c.COMPUTE
-    assert a[c.GPU_SYNC] == c.SYNC_NONE and c.GPU_TIME_NS not in a
-    assert a[c.CPU_TIME_NS] > 0
+    assert a[cv.STAGE] == cv.MODEL_EXECUTE and a[cv.TIME_KIND] == cv.COMPUTE
+    assert a[cv.GPU_SYNC] == cv.SYNC_NONE and cv.GPU_TIME_NS not in a
+    assert a[cv.CPU_TIME_NS] > 0
 
 
 def test_event_sync_waits_only_for_its_own_end_event(spans, cuda):
     with tracekit.model_execution():
         cuda.calls.append("work")
     assert cuda.calls == ["event.record", "work", "event.record", "event.synchronize"]
-    (span,) = spans.named(c.MODEL_EXECUTE)
-    assert span.attributes[c.GPU_SYNC] == c.SYNC_EVENT
-    assert span.attributes[c.GPU_TIME_NS] == 2_500_000
+    (span,) = spans.named(cv.MODEL_EXECUTE)
+    assert span.attributes[cv.GPU_SYNC] == cv.SYNC_EVENT
+    assert span.attributes[cv.GPU_TIME_NS] == 2_500_000
 
 
 def test_device_sync_synchronizes_before_and_after(spans, cuda):
@@ -88,15 +88,15 @@ def test_device_sync_synchronizes_before_and_after(spans, cuda):
         "event.record",
         "device.synchronize",
     ]
-    assert spans.named(c.MODEL_EXECUTE)[0].attributes[c.GPU_SYNC] == c.SYNC_DEVICE
+    assert spans.named(cv.MODEL_EXECUTE)[0].attributes[cv.GPU_SYNC] == cv.SYNC_DEVICE
 
 
 def test_none_sync_touches_no_device(spans, cuda):
     with tracekit.model_execution(sync="none"):
         pass
     assert cuda.calls == []
-    (span,) = spans.named(c.MODEL_EXECUTE)
-    assert span.attributes[c.GPU_SYNC] == c.SYNC_NONE and c.GPU_TIME_NS not in span.attributes
+    (span,) = spans.named(cv.MODEL_EXECUTE)
+    assert span.attributes[cv.GPU_SYNC] == cv.SYNC_NONE and cv.GPU_TIME_NS not in span.attributes
 
 
 def test_async_form_waits_for_the_device_off_the_event_loop(spans, cuda):
@@ -107,7 +107,7 @@ def test_async_form_waits_for_the_device_off_the_event_loop(spans, cuda):
 
     loop_thread = asyncio.run(main())
     assert cuda.calls[-1] == "event.synchronize" and cuda.threads[-1] != loop_thread
-    assert spans.named(c.MODEL_EXECUTE)[0].attributes[c.GPU_TIME_NS] == 2_500_000
+    assert spans.named(cv.MODEL_EXECUTE)[0].attributes[cv.GPU_TIME_NS] == 2_500_000
 
 
 def test_batched_members_get_the_device_time_of_their_batch(spans, cuda):
@@ -123,10 +123,10 @@ def test_batched_members_get_the_device_time_of_their_batch(spans, cuda):
             await batcher.aclose()
 
     assert asyncio.run(main()) == [1, 2, 3]
-    members = [s for s in spans.named(c.MODEL_EXECUTE) if c.BATCH_ID in s.attributes]
+    members = [s for s in spans.named(cv.MODEL_EXECUTE) if cv.BATCH_ID in s.attributes]
     assert len(members) == 3
-    assert all(m.attributes[c.GPU_TIME_NS] == 2_500_000 for m in members)
-    assert all(m.attributes[c.GPU_SYNC] == c.SYNC_EVENT for m in members)
+    assert all(m.attributes[cv.GPU_TIME_NS] == 2_500_000 for m in members)
+    assert all(m.attributes[cv.GPU_SYNC] == cv.SYNC_EVENT for m in members)
 
 
 def test_instrument_model_makes_one_span_per_call_even_when_nested(spans):
@@ -138,7 +138,7 @@ def test_instrument_model_makes_one_span_per_call_even_when_nested(spans):
     out = model(torch.ones(2, 8))
     model(torch.ones(2, 8))
     assert out.shape == (2, 8)
-    assert len(spans.named(c.MODEL_EXECUTE)) == 2
+    assert len(spans.named(cv.MODEL_EXECUTE)) == 2
 
 
 def test_model_error_is_recorded_and_reraised(spans):
@@ -146,8 +146,8 @@ def test_model_error_is_recorded_and_reraised(spans):
     tracekit.instrument_model(model)
     with pytest.raises(RuntimeError):
         model(torch.ones(2, 5))  # shape mismatch
-    (span,) = spans.named(c.MODEL_EXECUTE)
-    assert span.attributes[c.ERROR_TYPE] == "RuntimeError"
+    (span,) = spans.named(cv.MODEL_EXECUTE)
+    assert span.attributes[cv.ERROR_TYPE] == "RuntimeError"
 
 
 def test_bad_sync_mode_and_module():
@@ -172,4 +172,4 @@ def test_async_device_sync_waits_off_the_event_loop_on_entry_too(spans, cuda):
         "device.synchronize",
     ]
     assert len(cuda.threads) == 2 and loop_thread not in cuda.threads
-    assert spans.named(c.MODEL_EXECUTE)[0].attributes[c.GPU_SYNC] == c.SYNC_DEVICE
+    assert spans.named(cv.MODEL_EXECUTE)[0].attributes[cv.GPU_SYNC] == cv.SYNC_DEVICE

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
 import random
@@ -201,7 +202,12 @@ async def run_load(
 
 
 def _client(timeout_s: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=64)
+    # Keep-alive limit = connection limit: past the keep-alive limit httpcore closes idle
+    # connections (counting busy ones too), and one just handed to a request can be among
+    # them, which fails that request with a ReadError.
+    limits = httpx.Limits(
+        max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
+    )
     return httpx.AsyncClient(timeout=timeout_s, limits=limits)
 
 
@@ -345,7 +351,9 @@ async def run_blocks(
         turns.active[block.target] -= 1
         turns.settle(block.target)
 
-    async with _client(timeout_s) as client:
+    # One pool per target: one release's connections never queue behind another's.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(_client(timeout_s)) for _ in urls]
         endings: list[asyncio.Task[None]] = []
         try:
             origin = time.perf_counter() + settle_s
@@ -357,7 +365,7 @@ async def run_blocks(
                 body_rng = random.Random(block.seed + 1)
                 sends = [(start + o, payload(body_rng)) for o in block.offsets]
                 url, result = urls[block.target], results[block.target]
-                tasks = await _send(client, url, sends, result, tick)
+                tasks = await _send(clients[block.target], url, sends, result, tick)
                 endings.append(asyncio.create_task(finish(block, tasks)))
             await asyncio.gather(*endings)
         finally:

@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard, _state
 from tracekit.instrumentation._spans import attach_span, current_context, detach
@@ -73,7 +73,7 @@ class Ticket:
         if self._open:
             self._open = False
             self._recorder._pending -= 1
-            self.span.set_attribute(c.ERROR_TYPE, "cancelled")
+            self.span.set_attribute(cv.ERROR_TYPE, "cancelled")
             self.span.end(end_time=self._recorder.clock())
 
 
@@ -87,25 +87,25 @@ class Batch:
         self._token: object = None
         links = [trace.Link(t.request) for t in tickets if t.request.is_valid]
         self.span = _TRACER.start_span(
-            c.BATCH_SPAN_NAME,
+            cv.BATCH_SPAN_NAME,
             context=Context(),
             links=links,
             start_time=started_ns,
-            attributes={c.BATCH_REQUEST_COUNT: self.size, c.BATCH_SIZE: self.size},
+            attributes={cv.BATCH_REQUEST_COUNT: self.size, cv.BATCH_SIZE: self.size},
         )
         ctx = self.span.get_span_context()
         self.id = f"{ctx.span_id:016x}" if ctx.is_valid else f"{next(_ids):016x}"
-        self.span.set_attribute(c.BATCH_ID, self.id)
+        self.span.set_attribute(cv.BATCH_ID, self.id)
         batch_link = [trace.Link(ctx)] if ctx.is_valid else []
         attrs: dict[str, Any] = {
-            c.STAGE: c.MODEL_EXECUTE,
-            c.TIME_KIND: c.default_time_kind(c.MODEL_EXECUTE),
-            c.BATCH_ID: self.id,
-            c.BATCH_SIZE: self.size,
+            cv.STAGE: cv.MODEL_EXECUTE,
+            cv.TIME_KIND: cv.default_time_kind(cv.MODEL_EXECUTE),
+            cv.BATCH_ID: self.id,
+            cv.BATCH_SIZE: self.size,
         }
         self.members = [
             _TRACER.start_span(
-                c.MODEL_EXECUTE,
+                cv.MODEL_EXECUTE,
                 context=t.parent,
                 links=batch_link,
                 start_time=started_ns,
@@ -148,11 +148,11 @@ class Batch:
             end = self._recorder.clock()
             extra: dict[str, Any] = {}
             if cpu_time_ns is not None:
-                extra[c.CPU_TIME_NS] = cpu_time_ns
+                extra[cv.CPU_TIME_NS] = cpu_time_ns
             if gpu_time_ns is not None:
-                extra[c.GPU_TIME_NS] = gpu_time_ns
+                extra[cv.GPU_TIME_NS] = gpu_time_ns
             # every model_execute span says how (or whether) device time was taken
-            extra[c.GPU_SYNC] = gpu_sync if gpu_sync is not None else c.SYNC_NONE
+            extra[cv.GPU_SYNC] = gpu_sync if gpu_sync is not None else cv.SYNC_NONE
             for span in (self.span, *self.members):
                 if extra:
                     span.set_attributes(extra)
@@ -187,11 +187,11 @@ class BatchRecorder:
         self._pending += 1
         try:
             ticket.span = _TRACER.start_span(
-                c.BATCH_QUEUE,
+                cv.BATCH_QUEUE,
                 start_time=ticket.enqueued_ns,
                 attributes={
-                    c.STAGE: c.BATCH_QUEUE,
-                    c.TIME_KIND: c.default_time_kind(c.BATCH_QUEUE),
+                    cv.STAGE: cv.BATCH_QUEUE,
+                    cv.TIME_KIND: cv.default_time_kind(cv.BATCH_QUEUE),
                 },
             )
         except Exception as exc:
@@ -217,10 +217,10 @@ class BatchRecorder:
             try:
                 t.span.set_attributes(
                     {
-                        c.BATCH_ID: batch.id,
-                        c.BATCH_SIZE: batch.size,
-                        c.QUEUE_FILL_WAIT_NS: fill,
-                        c.QUEUE_WORKER_WAIT_NS: waited - fill,
+                        cv.BATCH_ID: batch.id,
+                        cv.BATCH_SIZE: batch.size,
+                        cv.QUEUE_FILL_WAIT_NS: fill,
+                        cv.QUEUE_WORKER_WAIT_NS: waited - fill,
                     }
                 )
                 t.span.end(end_time=now)

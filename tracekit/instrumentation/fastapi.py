@@ -21,7 +21,7 @@ import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard, _state, sampler
 from tracekit.instrumentation.setup import PROVIDER, flush, use_stable_http_semconv
@@ -35,16 +35,16 @@ def _on_request(span: Any, scope: dict[str, Any]) -> None:
         if not span.is_recording():
             return
         attrs: dict[str, Any] = {
-            c.INFLIGHT: _state.INFLIGHT.value,
-            c.QUEUE_DEPTH: _state.queue_depth(),
+            cv.INFLIGHT: _state.INFLIGHT.value,
+            cv.QUEUE_DEPTH: _state.queue_depth(),
         }
         # current(): no lock, and no thread started here (after shutdown() it stays down)
         s = sampler.current()
         if s is not None:
             if s.cpu is not None:
-                attrs[c.CPU_UTILIZATION] = s.cpu
+                attrs[cv.CPU_UTILIZATION] = s.cpu
             if s.gpu is not None:
-                attrs[c.GPU_UTILIZATION] = s.gpu
+                attrs[cv.GPU_UTILIZATION] = s.gpu
         span.set_attributes(attrs)
         # Reset by _InflightCounter when the request ends (same task, same context).
         _state.REQUEST_SPAN.set(span)

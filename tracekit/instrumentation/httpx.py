@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 from tracekit.instrumentation._tracer import FAST_PROVIDER
@@ -102,7 +102,7 @@ class _SyncRetries(_Retries, httpx.BaseTransport):
 
 
 def _hook(stage: str) -> tuple[Any, Any]:
-    attrs = {c.STAGE: stage, c.TIME_KIND: c.default_time_kind(stage)}
+    attrs = {cv.STAGE: stage, cv.TIME_KIND: cv.default_time_kind(stage)}
 
     def on_request(span: Any, request: Any) -> None:
         try:
@@ -110,7 +110,7 @@ def _hook(stage: str) -> tuple[Any, Any]:
                 span.set_attributes(attrs)
                 resend = (request.extensions or {}).get(_RESEND)
                 if resend:
-                    span.set_attribute(c.HTTP_REQUEST_RESEND_COUNT, resend)
+                    span.set_attribute(cv.HTTP_REQUEST_RESEND_COUNT, resend)
         except Exception as exc:
             _guard.report("instrument_httpx request hook", exc)
 
@@ -123,7 +123,7 @@ def _hook(stage: str) -> tuple[Any, Any]:
 def instrument_httpx(
     client: Client,
     *,
-    stage: str = c.DOWNSTREAM,
+    stage: str = cv.DOWNSTREAM,
     retries: int = 0,
     retry_on: tuple[type[BaseException], ...] = RETRY_ON,
     backoff_s: float = 0.0,

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 from tracekit.instrumentation._recorder import RECORDER
@@ -138,7 +138,7 @@ class _SampleWeight(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if span.parent is None:
-            span.set_attribute(c.SAMPLE_WEIGHT, self.weight)
+            span.set_attribute(cv.SAMPLE_WEIGHT, self.weight)
 
 
 def _parse_resource_env(raw: str) -> dict[str, str]:
@@ -162,22 +162,25 @@ def _resource_attributes(
     instance_id: str | None,
     extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    attrs: dict[str, Any] = {c.HOST_NAME: socket.gethostname(), c.SERVICE_INSTANCE_ID: _INSTANCE_ID}
+    attrs: dict[str, Any] = {
+        cv.HOST_NAME: socket.gethostname(),
+        cv.SERVICE_INSTANCE_ID: _INSTANCE_ID,
+    }
     attrs.update(_parse_resource_env(os.environ.get(ENV_RESOURCE_ATTRIBUTES, "")))
     if os.environ.get(ENV_SERVICE_NAME, "").strip():
-        attrs[c.SERVICE_NAME] = os.environ[ENV_SERVICE_NAME].strip()
+        attrs[cv.SERVICE_NAME] = os.environ[ENV_SERVICE_NAME].strip()
     attrs.update(job_resource())  # tracekit.rank etc. in a training job; nothing otherwise
     attrs.update(extra or {})
     for key, value in (
-        (c.SERVICE_NAME, service_name),
-        (c.SERVICE_VERSION, service_version),
-        (c.SERVICE_INSTANCE_ID, instance_id),
+        (cv.SERVICE_NAME, service_name),
+        (cv.SERVICE_VERSION, service_version),
+        (cv.SERVICE_INSTANCE_ID, instance_id),
     ):
         if value is not None:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"configure(): {key} must be a non-empty string, got {value!r}")
             attrs[key] = value
-    attrs.setdefault(c.SERVICE_NAME, "unknown_service")
+    attrs.setdefault(cv.SERVICE_NAME, "unknown_service")
     return attrs
 
 

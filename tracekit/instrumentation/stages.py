@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 from tracekit.instrumentation._spans import FastSpan, attach_span, current_context, detach
@@ -44,7 +44,7 @@ _TRACER = FAST_PROVIDER.get_tracer("tracekit.stages")
 _INVALID = trace.INVALID_SPAN
 _thread_time = time.thread_time_ns
 _get_ident = threading.get_ident
-_CPU_TIME_NS = c.CPU_TIME_NS
+_CPU_TIME_NS = cv.CPU_TIME_NS
 _INTERNAL = trace.SpanKind.INTERNAL
 
 
@@ -54,7 +54,7 @@ def record_error(span: trace.Span, exc: BaseException) -> None:
         return
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-    span.set_attribute(c.ERROR_TYPE, type(exc).__qualname__)
+    span.set_attribute(cv.ERROR_TYPE, type(exc).__qualname__)
 
 
 class _Entry:
@@ -113,14 +113,14 @@ class Stage:
     def __init__(self, name: str, time_kind: str | None = None, **attributes: Any) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"stage(): name must be a non-empty string, got {name!r}")
-        kind = time_kind if time_kind is not None else c.default_time_kind(name)
-        if kind not in c.TIME_KINDS:
+        kind = time_kind if time_kind is not None else cv.default_time_kind(name)
+        if kind not in cv.TIME_KINDS:
             raise ConfigError(
-                f"stage({name!r}): time_kind must be one of {c.TIME_KINDS}, got {kind!r}"
+                f"stage({name!r}): time_kind must be one of {cv.TIME_KINDS}, got {kind!r}"
             )
         self.name = name
         self.time_kind = kind
-        self.attributes: dict[str, Any] = {c.STAGE: name, c.TIME_KIND: kind, **attributes}
+        self.attributes: dict[str, Any] = {cv.STAGE: name, cv.TIME_KIND: kind, **attributes}
 
     # --- span plumbing shared by every form -------------------------------------
     def _start(self) -> tuple[trace.Span, object]:
@@ -139,7 +139,7 @@ class Stage:
                 detach(token)
             # no is_recording() check: a non-recording span ignores these anyway
             if cpu_ns is not None:
-                span.set_attribute(c.CPU_TIME_NS, cpu_ns)
+                span.set_attribute(cv.CPU_TIME_NS, cpu_ns)
             if exc is not None:
                 record_error(span, exc)
             span.end()

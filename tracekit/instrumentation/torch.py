@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from tracekit import conventions as c
+from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
 from tracekit.instrumentation.stages import Stage
 
 M = TypeVar("M")
-SYNC_MODES = (c.SYNC_EVENT, c.SYNC_DEVICE, c.SYNC_NONE)
+SYNC_MODES = (cv.SYNC_EVENT, cv.SYNC_DEVICE, cv.SYNC_NONE)
 
 _INSIDE: ContextVar[bool] = ContextVar("tracekit_inside_model", default=False)
 # open model_execution entries of this task/thread: (owner, state, previous link)
@@ -82,12 +82,12 @@ CUDA = _Cuda()
 def _resolve(sync: str | None) -> str:
     if sync is not None and sync not in SYNC_MODES:
         raise ConfigError(f"model_execution(): sync must be one of {SYNC_MODES}, got {sync!r}")
-    if sync == c.SYNC_NONE:
+    if sync == cv.SYNC_NONE:
         return sync
     # event/device need CUDA; asked for on a CPU-only machine they become "none"
     if not CUDA.available():
-        return c.SYNC_NONE
-    return sync or c.SYNC_EVENT
+        return cv.SYNC_NONE
+    return sync or cv.SYNC_EVENT
 
 
 class ModelExecution:
@@ -104,7 +104,7 @@ class ModelExecution:
             return _resolve(self._sync)
         except Exception as exc:
             _guard.report("model_execution start", exc)
-            return c.SYNC_NONE
+            return cv.SYNC_NONE
 
     def _enter(self, mode: str) -> tuple[Stage, str, Any, int, int, Any]:
         """Open the span; with ``sync="device"`` the caller has synchronised already."""
@@ -112,20 +112,20 @@ class ModelExecution:
         st = self._stages.get(mode)
         if st is None:
             st = self._stages[mode] = Stage(
-                c.MODEL_EXECUTE, **{c.GPU_SYNC: mode, **self._attributes}
+                cv.MODEL_EXECUTE, **{cv.GPU_SYNC: mode, **self._attributes}
             )
         span, token = st._start()
-        if mode != c.SYNC_NONE:
+        if mode != cv.SYNC_NONE:
             try:
                 start_evt = CUDA.event()
                 start_evt.record()
             except Exception as exc:
                 _guard.report("model_execution start event", exc)
-                mode = c.SYNC_NONE
+                mode = cv.SYNC_NONE
         return st, mode, start_evt, time.thread_time_ns(), threading.get_ident(), (span, token)
 
     def _device_time(self, mode: str, start_evt: Any, wait: Any) -> int | None:
-        if mode == c.SYNC_NONE or start_evt is None:
+        if mode == cv.SYNC_NONE or start_evt is None:
             return None
         end_evt = CUDA.event()
         end_evt.record()
@@ -138,7 +138,7 @@ class ModelExecution:
         st, mode, _, _, _, (span, token) = state
         try:
             if gpu_ns is not None and span.is_recording():
-                span.set_attribute(c.GPU_TIME_NS, gpu_ns)
+                span.set_attribute(cv.GPU_TIME_NS, gpu_ns)
             sink = BATCH_SINK.get()
             if sink is not None:  # the mode too when no device time was taken: "none" says so
                 sink.append((gpu_ns, mode))
@@ -159,12 +159,12 @@ class ModelExecution:
 
     def __enter__(self) -> trace.Span:
         mode = self._mode()
-        if mode == c.SYNC_DEVICE:
+        if mode == cv.SYNC_DEVICE:
             try:
                 CUDA.synchronize()  # earlier queued work is not this call's
             except Exception as exc:
                 _guard.report("model_execution start", exc)
-                mode = c.SYNC_NONE
+                mode = cv.SYNC_NONE
         state = self._enter(mode)
         self._push(state)
         span: trace.Span = state[-1][0]
@@ -179,7 +179,7 @@ class ModelExecution:
         try:
             wait = (
                 (lambda e: e.synchronize())
-                if state[1] == c.SYNC_EVENT
+                if state[1] == cv.SYNC_EVENT
                 else (lambda e: CUDA.synchronize())
             )
             gpu = self._device_time(state[1], state[2], wait)
@@ -189,13 +189,13 @@ class ModelExecution:
 
     async def __aenter__(self) -> trace.Span:
         mode = self._mode()
-        if mode == c.SYNC_DEVICE:
+        if mode == cv.SYNC_DEVICE:
             try:
                 # as in __aexit__: the event loop keeps serving while the device drains
                 await asyncio.to_thread(CUDA.synchronize)
             except Exception as exc:
                 _guard.report("model_execution start", exc)
-                mode = c.SYNC_NONE
+                mode = cv.SYNC_NONE
         state = self._enter(mode)
         self._push(state)
         span: trace.Span = state[-1][0]
@@ -207,11 +207,11 @@ class ModelExecution:
             return
         gpu = None
         try:
-            if state[1] != c.SYNC_NONE and state[2] is not None:
+            if state[1] != cv.SYNC_NONE and state[2] is not None:
                 end_evt = CUDA.event()
                 end_evt.record()
                 # wait in a thread: the event loop keeps serving other requests meanwhile
-                waiter = end_evt.synchronize if state[1] == c.SYNC_EVENT else CUDA.synchronize
+                waiter = end_evt.synchronize if state[1] == cv.SYNC_EVENT else CUDA.synchronize
                 await asyncio.to_thread(waiter)
                 gpu = int(state[2].elapsed_time(end_evt) * 1_000_000)
         except Exception as err:

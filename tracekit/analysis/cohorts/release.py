@@ -87,22 +87,20 @@ ORDER BY sel.i
 
 # Stage and time kind come back as small integer codes (their names are fetched once):
 # millions of Python strings, and a dict lookup for each, cost more than the join.
+_NAMES_SQL = """
+SELECT list(DISTINCT stage ORDER BY stage), list(DISTINCT time_kind ORDER BY time_kind)
+FROM request_stages
+"""
+
 _STAGE_SQL = f"""
-WITH sel AS ({_SELECTED}),
-rows AS (
-    SELECT sel.i, s.stage, s.time_kind, s.critical_ns, s.wall_ns, s.cpu_time_ns, s.gpu_time_ns
-    FROM request_stages s JOIN sel USING (trace_id)
-),
-names AS (SELECT list(DISTINCT stage ORDER BY stage) AS stages,
-                 list(DISTINCT time_kind ORDER BY time_kind) AS kinds FROM rows)
-SELECT rows.i,
-       (list_position(names.stages, rows.stage) - 1)::INTEGER AS stage_code,
-       (list_position(names.kinds, rows.time_kind) - 1)::INTEGER AS kind_code,
-       rows.critical_ns, rows.wall_ns,
-       coalesce(rows.cpu_time_ns::DOUBLE, 'NaN'::DOUBLE) AS cpu_time_ns,
-       coalesce(rows.gpu_time_ns::DOUBLE, 'NaN'::DOUBLE) AS gpu_time_ns,
-       names.stages, names.kinds
-FROM rows, names
+WITH sel AS ({_SELECTED})
+SELECT sel.i,
+       (list_position($stages, s.stage) - 1)::INTEGER AS stage_code,
+       (list_position($kinds, s.time_kind) - 1)::INTEGER AS kind_code,
+       s.critical_ns, s.wall_ns,
+       coalesce(s.cpu_time_ns::DOUBLE, 'NaN'::DOUBLE) AS cpu_time_ns,
+       coalesce(s.gpu_time_ns::DOUBLE, 'NaN'::DOUBLE) AS gpu_time_ns
+FROM request_stages s JOIN sel USING (trace_id)
 """
 
 
@@ -122,11 +120,14 @@ def load_release(
         raise QueryError(
             f"release {label!r} has no requests for service={service!r} route={route!r}"
         )
-    # The names lists repeat on every row; only the first row's are read.
-    rows = store.con.execute(_STAGE_SQL, params).fetchnumpy()
+    # Names of every stage and kind in the store (a scan, no join); codes index them.
+    got = store.con.execute(_NAMES_SQL).fetchone()
+    names: list[str] = list(got[0] or []) if got else []
+    kind_names: list[str] = list(got[1] or []) if got else []
+    rows = store.con.execute(
+        _STAGE_SQL, {**params, "stages": names, "kinds": kind_names}
+    ).fetchnumpy()
     row_i = np.asarray(rows["i"], dtype=np.int64)
-    names: list[str] = list(rows["stages"][0]) if len(row_i) else []
-    kind_names: list[str] = list(rows["kinds"][0]) if len(row_i) else []
     codes = np.asarray(rows["stage_code"], dtype=np.int64)
     kind_codes = np.asarray(rows["kind_code"], dtype=np.int64)
     # Rows per (stage, time kind): a stage is given its most common time kind.
@@ -135,10 +136,11 @@ def load_release(
     kinds_seen: dict[str, dict[str, int]] = {
         st: {kn: int(pairs[a, b]) for b, kn in enumerate(kind_names) if pairs[a, b]}
         for a, st in enumerate(names)
+        if pairs[a].any()  # stages of other releases only
     }
     stages = cv.order_stages(list(kinds_seen))
     k = len(stages)
-    column = np.asarray([stages.index(st) for st in names], dtype=np.int64)
+    column = np.asarray([stages.index(st) if st in kinds_seen else -1 for st in names], np.int64)
     row_j = column[codes] if len(codes) else codes
     crit = np.zeros((n, k))
     wall = np.zeros((n, k))
