@@ -202,9 +202,10 @@ async def run_load(
 
 
 def _client(timeout_s: float) -> httpx.AsyncClient:
-    # Keep-alive limit = connection limit: past the keep-alive limit httpcore closes idle
-    # connections (counting busy ones too), and one just handed to a request can be among
-    # them, which fails that request with a ReadError.
+    # Keep-alive limit = connection limit: past the keep-alive limit httpcore closes
+    # "surplus" idle connections, and one already handed to a queued request can be among
+    # them; that request then hangs until its read timeout (encode/httpcore#1110). Seen
+    # here as 5 s requests and ReadErrors when many requests were in flight at once.
     limits = httpx.Limits(
         max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
     )
