@@ -1,4 +1,4 @@
-"""How long ``tracekit diff`` takes over 100k requests per release (target: < 3 s on 2 cores).
+"""How long ``tracekit diff`` takes: load both releases and compute, < 5 s at 2 x 1M requests.
 
 Generates two releases straight into the store with DuckDB bulk SQL — ``requests``,
 ``request_stages`` and one span per stage plus the root (1.4M spans, attributes as
@@ -6,7 +6,12 @@ JSON), the shape attribution leaves behind — then times :func:`diff_releases` 
 end and its parts. v2 misses the feature cache more often, so the verdict and the
 attribute ranking have something to find. Prints; asserts nothing.
 
-    .venv/bin/python benchmarks/diff.py [--requests 100000] [--db FILE]
+    .venv/bin/python benchmarks/diff.py [--requests 1000000] [--db DIR]
+
+The issue's target: 2 x 1,000,000 requests (16 M spans) load and compute in under 5 s
+on this 2-core machine; the line ``load + compute`` prints it (wall and CPU seconds).
+Generating that store takes minutes: ``--db DIR`` keeps it (DIR/bench.duckdb) and a
+later run with ``--reuse`` skips the generation.
 """
 
 from __future__ import annotations
@@ -125,22 +130,32 @@ def timed(label: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000, help="requests per release")
-    parser.add_argument("--db", default=None, help="store file (default: a temporary one)")
+    parser.add_argument(
+        "--db", default=None, help="folder for the store (default: a temporary one)"
+    )
+    parser.add_argument("--reuse", action="store_true", help="use the store already in --db")
     args = parser.parse_args()
     path = Path(args.db or tempfile.mkdtemp(prefix="tracekit-bench-")) / "bench.duckdb"
-    if path.exists():
+    if path.exists() and not args.reuse:
         os.remove(path)
     print(f"tracekit diff benchmark: {args.requests:,} requests per release, {os.cpu_count()} CPUs")
-    with open_store(path) as store:
-        t0 = time.perf_counter()
-        generate(store, "v1", args.requests, miss=0.03, seed=0.1)
-        generate(store, "v2", args.requests, miss=0.30, seed=0.2)
-        print(f"  generated {store.span_count():,} spans in {time.perf_counter() - t0:.1f} s")
+    if not (args.reuse and path.exists()):
+        with open_store(path) as store:
+            t0 = time.perf_counter()
+            generate(store, "v1", args.requests, miss=0.03, seed=0.1)
+            generate(store, "v2", args.requests, miss=0.30, seed=0.2)
+            print(f"  generated {store.span_count():,} spans in {time.perf_counter() - t0:.1f} s")
     with open_store(path, read_only=True) as store:
         print("parts:")
+        t0, c0 = time.perf_counter(), time.process_time()
         before = timed("load_release v1", load_release, store, "v1")
         after = timed("load_release v2", load_release, store, "v2")
         result = timed("compute_diff (bootstrap, counterfactual)", compute_diff, before, after)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(
+            f"  load + compute ({before.n:,} + {after.n:,} requests) {wall:7.3f} s wall, "
+            f"{cpu:.3f} s CPU (target < 5 s at 2 x 1M)"
+        )
         timed(
             "rank_attributes (spans, json_each)",
             rank_attributes,
@@ -154,7 +169,7 @@ def main() -> None:
         render_json(result)
         text = render_table(result)
         elapsed = time.perf_counter() - t0
-    print(f"  diff_releases + render             {elapsed:7.3f} s  (target < 3 s)")
+    print(f"  diff_releases + render             {elapsed:7.3f} s")
     print(text.splitlines()[0])
     top = result.attributes[0] if result.attributes else None
     if top:
