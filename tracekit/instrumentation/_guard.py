@@ -23,6 +23,15 @@ _reported: set[str] = set()
 _lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def strict() -> bool:
     """Whether internal failures are raised instead of logged."""
     value = os.environ.get(ENV_STRICT)

@@ -3,11 +3,13 @@
 In-flight request count (written by the FastAPI wrapper), the current request span
 (so a batcher can link to it), and the registry of batch queues whose length is the
 request span's ``tracekit.queue.depth``. Kept apart so that :mod:`.fastapi` and
-:mod:`.batching` need not import each other.
+:mod:`.batching` need not import each other. A forked worker starts counting from zero:
+its parent's requests are not its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from contextvars import ContextVar
@@ -40,8 +42,15 @@ class _Inflight:
         with self._lock:
             self.value -= 1
 
+    def _after_fork_in_child(self) -> None:
+        # reset in place (others hold this object); a thread of the parent may have held the lock
+        self._lock = threading.Lock()
+        self.value = 0
+
 
 INFLIGHT = _Inflight()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=INFLIGHT._after_fork_in_child)
 
 _queues: weakref.WeakSet[_Queue] = weakref.WeakSet()
 

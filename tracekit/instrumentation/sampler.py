@@ -9,6 +9,7 @@ Kubernetes HPA divides by the pod's request; else the cores it may run on, the
 fewer of its affinity mask and its cgroup CPU quota. GPU utilisation is read only
 when torch is already imported, CUDA is up and NVML answers
 (``torch.cuda.utilization``); otherwise it stays ``None`` and the attribute is absent.
+A worker forked while the sampler runs gets a thread of its own and a fresh window.
 """
 
 from __future__ import annotations
@@ -202,6 +203,20 @@ class ResourceSampler:
             self._thread.join(timeout=2.0)
             self._thread = None
 
+    def _after_fork_in_child(self) -> None:
+        """A forked worker: the parent's thread is gone and its CPU time is not this process's.
+
+        The window restarts now, and the utilisations stay unset until it closes: a
+        first reading over a window of microseconds would be noise.
+        """
+        running = self._thread is not None
+        self._stop, self._thread = threading.Event(), None
+        self.cpu = self.gpu = None
+        self._last = (self._wall(), self._cpu_clock())
+        if running:
+            self._thread = threading.Thread(target=self._run, name="tracekit-sampler", daemon=True)
+            self._thread.start()
+
 
 _SAMPLER: ResourceSampler | None = None
 _LOCK = threading.Lock()
@@ -233,6 +248,21 @@ def start(
 def current() -> ResourceSampler | None:
     """The running sampler, if any: the request path reads it without a lock, never starts one."""
     return _SAMPLER
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+    sampler = _SAMPLER
+    if sampler is not None:
+        try:
+            sampler._after_fork_in_child()
+        except Exception as exc:  # pragma: no cover - never break a fork
+            _guard.logger.warning("tracekit: resource sampler after fork: %r", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stop() -> None:

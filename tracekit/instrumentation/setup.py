@@ -21,6 +21,7 @@ import socket
 import threading
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +62,9 @@ EXPORTERS = ("file", "otlp", "otlp-http", "otlp-grpc")
 """Exporter names ``configure(exporter=...)`` accepts, beside ``SpanExporter`` instances."""
 
 _semconv_lock = threading.Lock()
-_INSTANCE_ID = str(uuid.uuid4())  # one replica = one process, stable across configure() calls
+_INSTANCE_ID = str(uuid.uuid4())
+"""This process's ``service.instance.id`` when none is stated: one replica = one process,
+stable across ``configure()`` calls, new in a forked child (:func:`_after_fork_in_child`)."""
 
 
 # --- the proxy every instrumentation holds ---------------------------------------
@@ -123,6 +126,10 @@ class _State:
     pipelines: list[ExportPipeline] = field(default_factory=list)
     metrics: Any = None
     """The running :class:`tracekit.instrumentation.metrics.Metrics`, when asked for."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """The resource attributes ``configure()`` was given or defaulted (the key's first part)."""
+    instance_stated: bool = False
+    """Whether ``service.instance.id`` was stated (argument, variable, resource_attributes)."""
 
 
 _STATE = _State()
@@ -161,11 +168,9 @@ def _resource_attributes(
     service_version: str | None,
     instance_id: str | None,
     extra: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    attrs: dict[str, Any] = {
-        cv.HOST_NAME: socket.gethostname(),
-        cv.SERVICE_INSTANCE_ID: _INSTANCE_ID,
-    }
+) -> tuple[dict[str, Any], bool]:
+    """The resource's attributes, and whether ``service.instance.id`` was stated in them."""
+    attrs: dict[str, Any] = {cv.HOST_NAME: socket.gethostname(), cv.SERVICE_INSTANCE_ID: None}
     attrs.update(_parse_resource_env(os.environ.get(ENV_RESOURCE_ATTRIBUTES, "")))
     if os.environ.get(ENV_SERVICE_NAME, "").strip():
         attrs[cv.SERVICE_NAME] = os.environ[ENV_SERVICE_NAME].strip()
@@ -181,7 +186,14 @@ def _resource_attributes(
                 raise ConfigError(f"configure(): {key} must be a non-empty string, got {value!r}")
             attrs[key] = value
     attrs.setdefault(cv.SERVICE_NAME, "unknown_service")
-    return attrs
+    stated = attrs[cv.SERVICE_INSTANCE_ID] is not None
+    if not stated:
+        attrs[cv.SERVICE_INSTANCE_ID] = _INSTANCE_ID
+    return attrs, stated
+
+
+def _attrs_key(attrs: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in attrs.items()))
 
 
 def _http_endpoint(endpoint: str | None) -> str:
@@ -316,10 +328,12 @@ def configure(
         raise ConfigError(f"configure(): sample_ratio must be in (0, 1], got {sample_ratio!r}")
     metrics = metrics or os.environ.get(ENV_METRICS) or None
     metrics_port = _metrics_port(metrics_port)
-    attrs = _resource_attributes(service_name, service_version, instance_id, resource_attributes)
+    attrs, instance_stated = _resource_attributes(
+        service_name, service_version, instance_id, resource_attributes
+    )
     specs = _exporter_names(exporter, path, endpoint)
     key = (
-        tuple(sorted((k, repr(v)) for k, v in attrs.items())),
+        _attrs_key(attrs),
         tuple(s if isinstance(s, str) else id(s) for s in specs),
         os.fspath(path) if path is not None else os.environ.get(ENV_TRACES_FILE),
         endpoint,
@@ -351,7 +365,9 @@ def configure(
             provider.add_span_processor(metrics_setup.processor)
         _STATE.provider, _STATE.key, _STATE.pipelines = provider, key, pipelines
         _STATE.metrics = metrics_setup
+        _STATE.attrs, _STATE.instance_stated = attrs, instance_stated
         _STATE.generation += 1
+        _fork_hook(provider)
         RECORDER.backlog = _export_backlog
         RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
@@ -388,6 +404,80 @@ def _install_global(set_global: bool) -> None:
             trace.set_tracer_provider(PROVIDER)
         else:
             _guard.logger.info("tracekit: a global TracerProvider is already set; leaving it")
+
+
+# --- fork: one replica = one process -------------------------------------------------
+# gunicorn / ``uvicorn --workers N`` (and ``--preload``) fork after configure(): each
+# worker inherits the provider, and with it the parent's resource. The analyzer counts
+# replicas by service.instance.id, so a child whose id was not stated gets its own.
+
+
+def _fork_hook(provider: TracerProvider) -> None:
+    """Re-identify ``provider``'s resource in forked children (registered per provider).
+
+    Registered after the SDK providers' own after-fork hooks (they are registered when
+    the providers are built, and hooks run in registration order), so it runs after
+    theirs: SDK 1.44+ merges a freshly *detected* ``service.instance.id`` into the
+    resource in the child even when the user stated one; this puts back what
+    ``configure()`` decided, and does the whole job on older SDKs, which refresh nothing. Weakly held, as the SDK's, so a replaced provider is freed.
+    """
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.ref(provider)
+    os.register_at_fork(after_in_child=lambda: _after_fork_in_child(ref))
+
+
+def _new_process_identity() -> None:
+    """First after-fork step in the child: its own default id, and locks nobody holds."""
+    global _INSTANCE_ID, _LOCK, _semconv_lock
+    _INSTANCE_ID = str(uuid.uuid4())
+    # another thread of the parent may have held them at the fork; it does not exist here
+    _LOCK, _semconv_lock = threading.RLock(), threading.Lock()
+
+
+def _after_fork_in_child(ref: weakref.ref[TracerProvider]) -> None:
+    provider = ref()
+    state = _STATE
+    if provider is None or state.provider is not provider:
+        return  # a provider configure() has since replaced; it exports nothing
+    try:
+        instance = state.attrs[cv.SERVICE_INSTANCE_ID] if state.instance_stated else _INSTANCE_ID
+        update = Resource({cv.SERVICE_INSTANCE_ID: instance})
+        _update_resource(provider, update)
+        if state.metrics is not None:
+            _update_resource(state.metrics.provider, update)
+        state.attrs = {**state.attrs, cv.SERVICE_INSTANCE_ID: instance}
+        if state.key is not None:
+            # so that the same configure() call in the worker keeps what it inherited
+            state.key = (_attrs_key(state.attrs), *state.key[1:])
+    except Exception as exc:  # pragma: no cover - never break a fork
+        _guard.logger.warning("tracekit: service.instance.id after fork: %r", exc)
+
+
+def _update_resource(provider: Any, update: Resource) -> None:
+    """Merge ``update`` into an SDK tracer or meter provider's resource, in place.
+
+    The SDK's own after-fork refresh (``_update_resource``, 1.44+: the provider and
+    every tracer or meter it handed out; it takes locks the SDK's hook has just made
+    new) where it has one. Older SDKs have none: the resource is replaced on the
+    provider and on the tracers it cached, and tracekit's tracers are re-fetched (a new
+    ``configure()`` generation), since a tracer copies its provider's resource when made.
+    """
+    method = getattr(provider, "_update_resource", None)
+    if callable(method):
+        method(update)
+    elif isinstance(provider, TracerProvider):
+        provider._resource = provider.resource.merge(update)
+        for tracer in getattr(provider, "_tracers", {}).values():
+            tracer.resource = provider._resource
+        _STATE.generation += 1
+    else:  # a MeterProvider: its readers read the resource at each collection
+        config = provider._sdk_config
+        config.resource = config.resource.merge(update)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process_identity)
 
 
 def _export_backlog() -> float:
