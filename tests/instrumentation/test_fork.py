@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import tracekit
 from tracekit import conventions as cv
-from tracekit.instrumentation import _state, setup
+from tracekit.instrumentation import _state, sampler, setup
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -224,3 +225,22 @@ def test_an_sdk_without_its_own_fork_refresh_still_gets_a_new_id_in_the_worker(
     child_id = spans["in-child"][0]
     assert spans["user-span"][0] == child_id and child_id != spans["in-parent"][0] == parent_id
     assert set(inflight) == {parent_id, child_id}
+
+
+def test_a_forked_worker_samples_its_own_cpu() -> None:
+    sampler.stop()
+    running = sampler.start(interval_s=3600)  # no window closes during the test
+    assert running.cpu is not None  # the parent's first reading
+    forked_at = time.monotonic()
+
+    def worker() -> None:
+        s = sampler.current()
+        assert s is running and s._thread is not None
+        assert s._thread.is_alive()  # a thread of its own: the parent's is not in this process
+        assert s.cpu is None  # the parent's reading is not this process's
+        assert s._last[0] >= forked_at  # its first window starts at the fork
+
+    try:
+        _in_child(worker)
+    finally:
+        sampler.stop()

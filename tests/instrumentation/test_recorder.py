@@ -19,6 +19,7 @@ import tracekit
 from tracekit import conventions as cv
 from tracekit.instrumentation import _recorder, _spans
 from tracekit.instrumentation._recorder import RECORDER
+from tracekit.instrumentation._tracer import FAST_PROVIDER
 
 TASK = "test.task"
 
@@ -233,6 +234,68 @@ def test_stage_under_a_remote_parent_joins_its_trace_and_under_an_invalid_one_st
     assert got["joined"].context.trace_id == 0xABC and got["joined"].parent.span_id == 0xDEF
     assert got["joined"].parent.is_remote
     assert got["new-root"].parent is None and got["new-root"].context.trace_id != 0xABC
+
+
+def _tracer(which: str) -> trace.Tracer:
+    """The OTel SDK's tracer (through the global provider), or a FastTracer: same behaviour."""
+    if which == "otel":
+        return trace.get_tracer("user.code")
+    return FAST_PROVIDER.get_tracer("user.code")
+
+
+@pytest.mark.parametrize("which", ["otel", "fast"])
+def test_start_as_current_span_decorates_a_function_with_a_span_per_call(spans, which):
+    @_tracer(which).start_as_current_span("work", attributes={TASK: "w"})
+    def work(x: int) -> tuple[int, int]:
+        """Doubles."""
+        with tracekit.stage("inside"):
+            pass
+        return x * 2, trace.get_current_span().get_span_context().span_id
+
+    @_tracer(which).start_as_current_span("fails")
+    def fails() -> None:
+        raise ValueError("bad input")
+
+    assert (work.__name__, work.__doc__) == ("work", "Doubles.")
+    assert spans.all() == []  # decorating starts nothing
+    with tracekit.stage("request"):
+        (a, current_a), (b, current_b) = work(1), work(2)
+        with pytest.raises(ValueError, match="bad input"):
+            fails()
+    assert (a, b) == (2, 4)
+    got = spans.all()
+    request = next(s for s in got if s.name == "request")
+    calls = [s for s in got if s.name == "work"]
+    assert [s.context.span_id for s in calls] == [current_a, current_b]  # current while it runs
+    assert all(s.parent.span_id == request.context.span_id for s in calls)
+    assert all(dict(s.attributes) == {TASK: "w"} for s in calls)
+    inside = [s.parent.span_id for s in got if s.name == "inside"]
+    assert inside == [current_a, current_b]
+    (failed,) = [s for s in got if s.name == "fails"]
+    assert failed.status.status_code == trace.StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+
+
+@pytest.mark.parametrize("which", ["otel", "fast"])
+def test_start_as_current_span_decorates_a_coroutine_function_for_its_whole_run(spans, which):
+    @_tracer(which).start_as_current_span("fetch")
+    async def fetch(i: int) -> int:
+        await asyncio.sleep(0)  # the other call runs here
+        with tracekit.stage("after-await", **{TASK: i}):
+            pass
+        return i
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(fetch(0), fetch(1)))
+
+    with tracekit.stage("request"):
+        assert asyncio.run(main()) == [0, 1]
+    got = spans.all()
+    calls = {s.context.span_id: s for s in got if s.name == "fetch"}
+    assert len(calls) == 2
+    for inner in (s for s in got if s.name == "after-await"):
+        call = calls[inner.parent.span_id]  # under its own call's span, after the await
+        assert call.end_time >= inner.end_time
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

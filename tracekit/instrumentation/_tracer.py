@@ -11,10 +11,12 @@ record their spans this way too.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -41,6 +43,7 @@ _bits = random.getrandbits
 _new = object.__new__
 _time_ns = time.time_ns
 _DEFAULT_OPTS = (True, True)  # (record_exception, set_status_on_exception)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _new_span_id() -> int:
@@ -52,30 +55,57 @@ def _span_id(sink: _Sink) -> int:
 
 
 class _AsCurrent:
-    """``start_as_current_span``'s context manager, as ``trace.use_span`` behaves."""
+    """``start_as_current_span``'s result: a context manager, as ``trace.use_span`` behaves,
+    and a decorator, as the OTel API's is (sync and ``async def`` functions).
 
-    __slots__ = ("span", "token", "end_on_exit", "record_exception", "set_status")
+    The span starts on entering, not when this object is made — as the SDK's, whose
+    generator runs on ``__enter__`` — so that a decorator made once at import starts
+    a new span on every call of the function it wraps.
+    """
 
-    def __init__(self, span: trace.Span, end_on_exit: bool, record: bool, status: bool) -> None:
-        self.span, self.end_on_exit = span, end_on_exit
+    __slots__ = ("tracer", "args", "end_on_exit", "span", "token")
+
+    def __init__(self, tracer: FastTracer, args: tuple[Any, ...], end_on_exit: bool) -> None:
+        # args: FastTracer.start_span's positional arguments, in its order
+        self.tracer, self.args, self.end_on_exit = tracer, args, end_on_exit
         self.token: object = None
-        self.record_exception, self.set_status = record, status
 
     def __enter__(self) -> trace.Span:
-        self.token = attach_span(self.span)
-        return self.span
+        span = self.span = self.tracer.start_span(*self.args)
+        self.token = attach_span(span)
+        return span
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         span = self.span
         detach(self.token)
         # like use_span: only Exception subclasses (not GeneratorExit, cancellation) are errors
         if isinstance(exc, Exception) and span.is_recording():
-            if self.record_exception:
+            if self.args[6]:  # record_exception
                 span.record_exception(exc)
-            if self.set_status:
+            if self.args[7]:  # set_status_on_exception
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         if self.end_on_exit:
             span.end()
+
+    def __call__(self, func: F) -> F:
+        """Decorate ``func``: each call runs in a span of its own (an ``async def``'s
+        span covers its whole run, not just the creation of its coroutine)."""
+        tracer, args, end_on_exit = self.tracer, self.args, self.end_on_exit
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*a: Any, **kw: Any) -> Any:
+                with _AsCurrent(tracer, args, end_on_exit):
+                    return await func(*a, **kw)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            with _AsCurrent(tracer, args, end_on_exit):
+                return func(*a, **kw)
+
+        return wrapper  # type: ignore[return-value]
 
 
 class FastTracer(trace.Tracer):
@@ -204,12 +234,12 @@ class FastTracer(trace.Tracer):
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
     ) -> _AsCurrent:
-        """A span made current for a ``with`` block (not usable as a decorator)."""
-        span = self.start_span(
+        """A span made current for a ``with`` block, or around each call of a decorated function."""
+        args = (
             name, context, kind, attributes, links, start_time, record_exception,
             set_status_on_exception,
         )  # fmt: skip
-        return _AsCurrent(span, end_on_exit, record_exception, set_status_on_exception)
+        return _AsCurrent(self, args, end_on_exit)
 
 
 class FastTracerProvider(trace.TracerProvider):
