@@ -195,6 +195,23 @@ def test_the_same_configure_call_in_a_worker_keeps_the_inherited_set_up(tmp_path
     assert _spans(path)["in-child"][0] != setup._STATE.attrs.get(cv.SERVICE_INSTANCE_ID)
 
 
+def test_a_worker_that_configures_after_the_fork_gets_its_own_id(tmp_path: Path) -> None:
+    # gunicorn without --preload: tracekit imported in the master, configure() in each worker
+    path = tmp_path / "traces.jsonl"
+    tracekit.shutdown()
+    parent_default = setup._INSTANCE_ID
+
+    def worker() -> None:
+        tracekit.configure(service_name="svc", exporter="file", path=path)
+        with tracekit.stage("in-child"):
+            pass
+        tracekit.shutdown()
+
+    _in_child(worker)
+    assert _spans(path)["in-child"][0] not in ("", parent_default)
+    assert parent_default == setup._INSTANCE_ID  # the parent keeps its own
+
+
 def test_an_sdk_without_its_own_fork_refresh_still_gets_a_new_id_in_the_worker(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
