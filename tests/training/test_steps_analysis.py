@@ -116,3 +116,30 @@ def test_stage_names_are_the_conventions():
     assert cv.default_time_kind(cv.DATA_WAIT) == cv.WAIT
     assert cv.default_time_kind(cv.COMMUNICATION) == cv.WAIT
     assert cv.default_time_kind(cv.BACKWARD) == cv.COMPUTE
+
+
+def _runs(tmp_path, before: dict, after: dict):
+    b = TraceBuilder(service="trainer", version="8gpu", seed=2)
+    training_run(b, world_size=8, steps=12, version="8gpu", **before)
+    training_run(b, world_size=64, steps=12, version="64gpu", **after)
+    store = open_store(tmp_path / "t.duckdb")
+    b.load(store)
+    return store
+
+
+def test_a_baseline_measured_on_a_busier_machine_does_not_hide_slow_data(tmp_path):
+    # the 8-rank run's compute was 40 ms slower (the machine): measured scaling looks
+    # ideal, yet the 64-rank run waits 40 ms a step on its loader
+    with _runs(tmp_path, {"forward_ms": 60.0}, {"data_ms": 42.0}) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.scaling.efficiency > 0.9
+    assert d.verdict.bottleneck == "data_loading", d.verdict.summary
+    assert "faster with the same per-rank batch" in d.verdict.summary
+
+
+def test_compute_slower_with_the_same_batch_is_flagged_not_named(tmp_path):
+    with _runs(tmp_path, {}, {"forward_ms": 60.0}) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.scaling.efficiency < 0.9
+    assert d.verdict.bottleneck == "none", d.verdict.summary
+    assert "slower_compute" in [f.code for f in d.flags]

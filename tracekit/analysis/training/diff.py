@@ -29,6 +29,8 @@ The verdict names a bottleneck only on evidence that noise does not produce:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tracekit import conventions as cv
@@ -157,18 +159,28 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
     ideal_step = b.step_ms_mean * per_rank
     # the verdict's own figures: trimmed means over steps (a stalled step decides nothing)
     robust_after = trimmed_mean(a.step_times_ms)
-    lost = robust_after - trimmed_mean(b.step_times_ms) * per_rank
+    robust_ideal = trimmed_mean(b.step_times_ms) * per_rank
+    lost = robust_after - robust_ideal
 
     names = [c.name for c in a.components]
     names += [c.name for c in b.components if c.name not in names]
     step_after = np.asarray(a.step_times_ms, dtype=float)
     components = []
+    recovered_ms: dict[str, float] = {}
+    # With the same per-rank batch, the compute stages do the same work in both runs: a
+    # change in their time is the machine (load, clocks), not scaling. It is set aside
+    # before deciding whether anything was lost (a baseline measured on a busier
+    # machine must not hide a real bottleneck, nor a busier after run invent one).
+    drift = 0.0
     for name in names:
         scale = per_rank if name in COMPUTE_STAGES or name == IMBALANCE else 1.0
         before_vals = [v * scale for v in b.component_steps_ms.get(name, [])] or [0.0]
         after_vals = a.component_steps_ms.get(name, []) or [0.0] * len(step_after)
         cf = step_after - np.asarray(after_vals) + quantile_matched(after_vals, before_vals)
         recovered = robust_after - trimmed_mean(cf) if len(step_after) else 0.0
+        recovered_ms[name] = recovered
+        if name in COMPUTE_STAGES and abs(per_rank - 1.0) <= 1e-9:
+            drift += trimmed_mean(after_vals) - trimmed_mean(before_vals)
         before_ms, after_ms = float(np.mean(before_vals)), float(np.mean(after_vals))
         components.append(
             DiffComponent(
@@ -180,7 +192,15 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
                 bottleneck=bottleneck_of(name),
             )
         )
-    verdict = _verdict(b, a, efficiency, speedup, ideal, components, lost, per_rank, flags)
+    verdict = _verdict(
+        b,
+        a,
+        Scaling(speedup, ideal, efficiency),
+        components,
+        recovered_ms,
+        _Loss(lost, robust_after - drift, robust_ideal, drift, per_rank),
+        flags,
+    )
     if a.steps < 5 or b.steps < 5:
         flags.append(Flag("few_steps", "fewer than 5 steps in a run: the verdict is fragile"))
     return TrainingDiff(
@@ -194,31 +214,64 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
     )
 
 
+@dataclass
+class _Loss:
+    """The verdict's figures (trimmed means over steps, ms)."""
+
+    lost: float
+    """After step minus the ideal step."""
+    after_same_work: float
+    """After step with the compute stages at the before run's time (same per-rank batch)."""
+    ideal: float
+    drift: float
+    """Compute time that changed with the per-rank batch unchanged (the machine)."""
+    per_rank: float
+
+
 def _verdict(
     b: RunSteps,
     a: RunSteps,
-    efficiency: float | None,
-    speedup: float | None,
-    ideal: float,
+    scaling: Scaling,
     components: list[DiffComponent],
-    lost: float,
-    per_rank: float,
+    recovered_ms: dict[str, float],
+    loss: _Loss,
     flags: list[Flag],
 ) -> TrainingVerdict:
+    speedup, ideal, efficiency = scaling.speedup, scaling.ideal, scaling.efficiency
+    lost, per_rank = loss.lost, loss.per_rank
     grown = {k: 0.0 for k in BOTTLENECKS if k != NONE}
     for c in components:
-        if c.share is not None and c.share > 0 and c.name != cv.UNATTRIBUTED:
-            grown[c.bottleneck] += c.share * lost  # ms of the step this component recovers
+        r = recovered_ms.get(c.name, 0.0)
+        if r > 0 and c.name != cv.UNATTRIBUTED:
+            grown[c.bottleneck] += r  # ms of the step this component's growth costs
     total = sum(grown.values())
     shares = {k: v / total for k, v in grown.items()} if total > 0 else dict.fromkeys(grown, 0.0)
     head = f"{b.label} ({b.world_size} ranks) → {a.label} ({a.world_size} ranks)"
     if speedup is None or efficiency is None:
         return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
     gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%})"
-    if efficiency >= EFFICIENT or total <= 0:
+    # efficiency with the compute stages' drift set aside: what scaling itself cost
+    same_work = loss.ideal / loss.after_same_work if loss.after_same_work > 0 else 1.0
+    slower = "slower" if loss.drift > 0 else "faster"
+    drift_note = (
+        f" (compute ran {abs(loss.drift):.1f} ms per step {slower} with the same per-rank "
+        "batch — the machine, not scaling — and is set aside)"
+        if abs(loss.drift) >= MIN_STEP_SHARE * loss.ideal
+        else ""
+    )
+    if loss.drift >= MIN_STEP_SHARE * loss.ideal:
+        flags.append(
+            Flag(
+                SLOWER_COMPUTE,
+                f"with the same per-rank batch, compute took {loss.drift:.1f} ms more per step: "
+                "the same work done slower (a busy host, throttled or different devices), not "
+                "a cost of scaling",
+            )
+        )
+    if same_work >= EFFICIENT or total <= 0:
         return TrainingVerdict(
             NONE,
-            f"{head}: {gain}; no bottleneck — scaling is close to ideal",
+            f"{head}: {gain}; no bottleneck — scaling is close to ideal{drift_note}",
             FIXES[NONE],
             [],
             shares,
@@ -231,19 +284,11 @@ def _verdict(
         unnamed[JITTER] = candidates.pop(STRAGGLER)
     if per_rank >= 1.0 - 1e-9 and candidates.get(COMPUTE, 0.0) > 0:
         unnamed[SLOWER_COMPUTE] = candidates.pop(COMPUTE)
-        if unnamed[SLOWER_COMPUTE] >= MIN_STEP_SHARE * a.step_ms_mean:
-            flags.append(
-                Flag(
-                    SLOWER_COMPUTE,
-                    f"with the same per-rank batch, compute took {unnamed[SLOWER_COMPUTE]:.1f} ms "
-                    "more per step: the same work done slower (a busy host, throttled or "
-                    "different devices), not a cost of scaling",
-                )
-            )
     nameable = sum(v for v in candidates.values() if v > 0)
     top = max(candidates, key=lambda k: candidates[k]) if candidates else NONE
     top_ms = candidates.get(top, 0.0)
-    if top == NONE or top_ms < MIN_STEP_SHARE * a.step_ms_mean or top_ms < MAJORITY * nameable:
+    floor = MIN_STEP_SHARE * loss.after_same_work
+    if top == NONE or top_ms < floor or top_ms < MAJORITY * nameable:
         spread = ", ".join(
             f"{k.replace('_', ' ')} {v:.1f} ms"
             for k, v in sorted({**candidates, **unnamed}.items(), key=lambda kv: -kv[1])
@@ -253,7 +298,7 @@ def _verdict(
             NONE,
             f"{head}: {gain}; no single bottleneck — the lost {lost:.1f} ms per step is spread "
             f"({spread}); jitter is ranks taking turns being late, which no one rank or "
-            "component explains",
+            f"component explains{drift_note}",
             FIXES[NONE],
             [],
             shares,
@@ -270,6 +315,6 @@ def _verdict(
         )
     summary = (
         f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the "
-        f"step-time growth ({top_ms:.1f} ms per step){detail} — {FIXES[top]}."
+        f"step-time growth ({top_ms:.1f} ms per step){detail}{drift_note} — {FIXES[top]}."
     )
     return TrainingVerdict(top, summary, FIXES[top], ranks, shares)
