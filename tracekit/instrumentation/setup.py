@@ -407,8 +407,8 @@ def _install_global(set_global: bool) -> None:
 
 
 # --- fork: one replica = one process -------------------------------------------------
-# gunicorn / ``uvicorn --workers N`` (and ``--preload``) fork after configure(): each
-# worker inherits the provider, and with it the parent's resource. The analyzer counts
+# gunicorn workers (``--preload``, or configure() in gunicorn.conf.py) are forked after
+# configure(): each inherits the provider, and with it the parent's resource. The analyzer counts
 # replicas by service.instance.id, so a child whose id was not stated gets its own.
 
 
@@ -419,7 +419,8 @@ def _fork_hook(provider: TracerProvider) -> None:
     the providers are built, and hooks run in registration order), so it runs after
     theirs: SDK 1.44+ merges a freshly *detected* ``service.instance.id`` into the
     resource in the child even when the user stated one; this puts back what
-    ``configure()`` decided, and does the whole job on older SDKs, which refresh nothing. Weakly held, as the SDK's, so a replaced provider is freed.
+    ``configure()`` decided, and does the whole job on older SDKs, which refresh
+    nothing. Weakly held, as the SDK's, so a replaced provider is freed.
     """
     if not hasattr(os, "register_at_fork"):
         return
