@@ -13,9 +13,10 @@ from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.cohorts.release import load_release
 from tracekit.analysis.cohorts.stats import bootstrap_quantiles, weighted_quantiles
-from tracekit.analysis.collect import TailSampler, ingest_documents, th_adjusted_count
+from tracekit.analysis.collect import TailSampler, th_adjusted_count
 from tracekit.analysis.collect.sampler import rest_keeps
 from tracekit.analysis.compare.diff import diff_releases
+from tracekit.analysis.ingest import ingest_documents
 from tracekit.analysis.store import Store, open_store
 
 from .helpers import releases, split_documents

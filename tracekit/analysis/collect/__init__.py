@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tracekit.analysis.collect.sampler import TailSampler, th_adjusted_count
 from tracekit.analysis.collect.server import Collector, CollectStatus, SamplingPolicy
-from tracekit.analysis.collect.writer import BatchWriter, ingest_documents
+from tracekit.analysis.collect.writer import BatchWriter
 
 __all__ = [
     "BatchWriter",
@@ -24,6 +24,5 @@ __all__ = [
     "Collector",
     "SamplingPolicy",
     "TailSampler",
-    "ingest_documents",
     "th_adjusted_count",
 ]

@@ -28,10 +28,7 @@ from typing import Any
 
 import duckdb
 
-from tracekit.analysis.attribution import per_request
-from tracekit.analysis.ingest import otlp, staging
-from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
-from tracekit.analysis.ingest.rows import Origin
+from tracekit.analysis.attribution.payloads import ingest_otlp_payloads
 from tracekit.analysis.store import Store, open_store
 from tracekit.errors import QueryError
 
@@ -61,43 +58,6 @@ class FlushStats:
     seconds: float
     requests_total: int
     releases: list[str]
-
-
-def ingest_documents(
-    store: Store, docs: list[dict[str, Any]], *, source: str, version: str | None = None
-) -> IngestReport:
-    """Store OTLP JSON documents as ``tracekit ingest`` stores a file of them.
-
-    The same decoder (:func:`tracekit.analysis.ingest.otlp.decode`) and staging steps, so
-    a span gives the same row either way; only ``source`` differs (``SOURCE:N`` names the
-    N-th document of the batch instead of ``file:line``).
-    """
-    started = time.perf_counter()
-    log = ProblemLog(strict=False)
-    report = IngestReport(files=1)
-    origin = Origin(source, 0, log)
-    log.current_file = source
-    staging.create(store)
-    try:
-        rows: list[tuple[Any, ...]] = []
-        for number, doc in enumerate(docs, start=1):
-            rows.extend(otlp.decode(doc, origin, number))
-            if len(rows) >= staging.BATCH_ROWS:
-                staging.insert_rows(store, rows)
-                rows = []
-        staging.insert_rows(store, rows)
-        staging.finalize(
-            store,
-            log,
-            report,
-            version=version,
-            file_names={0: source},
-            file_spans={0: report.spans_read},
-        )
-    finally:
-        staging.run(store, staging.sql("drop_stage"))
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -211,10 +171,11 @@ class BatchWriter:
         spans = sum(t.spans for t in batch)
 
         def work(store: Store) -> FlushStats:
-            report = ingest_documents(
+            # The same decoders and staging as `tracekit ingest`, so a span gives the same
+            # row whichever way it arrived; only the touched traces are re-attributed.
+            report = ingest_otlp_payloads(
                 store, docs, source=f"{self.source}#{self._batches}", version=self.version
             )
-            refreshed = per_request.refresh(store, report.trace_ids)
             total = int(store.run("SELECT count(*) FROM requests")[0][0])
             releases = [
                 str(r[0])
@@ -225,7 +186,7 @@ class BatchWriter:
             return FlushStats(
                 spans=spans,
                 spans_new=report.spans_stored,
-                requests_refreshed=refreshed.requests,
+                requests_refreshed=report.requests_attributed,
                 seconds=time.perf_counter() - started,
                 requests_total=total,
                 releases=releases,
