@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import conventions as cv
+from tracekit.analysis.ingest.rows import threshold_weight
 
 _RANDOM_BITS = 56
 _MAX_THRESHOLD = 1 << _RANDOM_BITS
@@ -43,24 +44,10 @@ _MAX_THRESHOLD = 1 << _RANDOM_BITS
 def th_adjusted_count(trace_state: str | None) -> float:
     """Adjusted count of OTel probability sampling: ``ot=th:T`` → 2^56 ÷ (2^56 − T).
 
-    T is the hex threshold right-padded with zeros to 14 digits (OTel trace-state
-    handling for probability sampling). 1 when absent or malformed.
+    The ingest's own reading of the tracestate, so the sampler and the store agree on
+    every weight; 1 when absent or malformed.
     """
-    if not trace_state:
-        return 1.0
-    for member in trace_state.split(","):
-        key, _, value = member.strip().partition("=")
-        if key != "ot":
-            continue
-        for field_ in value.split(";"):
-            name, _, raw = field_.partition(":")
-            if name == "th" and 0 < len(raw) <= 14:
-                try:
-                    t = int(raw.ljust(14, "0"), 16)
-                except ValueError:
-                    return 1.0
-                return _MAX_THRESHOLD / (_MAX_THRESHOLD - t)
-    return 1.0
+    return threshold_weight(trace_state) or 1.0
 
 
 def rest_keeps(trace_id: str, fraction: float) -> bool:
