@@ -176,9 +176,9 @@ def test_only_the_target_under_load_runs(thread_server) -> None:
         )
     assert [r.completed for r in results] == [r.scheduled for r in results]
     assert results[0].scheduled == results[1].scheduled > 0
-    assert running == set()  # all frozen again at the end
+    assert running == {0, 1}  # handed back thawed: the caller stops them next
     for target in (0, 1):
         # Thawed and frozen in turn, never twice in a row; thawed at most once per block.
         mine = [kind for kind, i in events if i == target]
-        assert mine == ["resume", "pause"] * (len(mine) // 2)
-        assert 1 <= len(mine) // 2 <= sum(b.target == target for b in plan)
+        assert mine == ["resume", "pause"] * (len(mine) // 2) + ["resume"]
+        assert 1 <= len(mine) // 2 + 1 <= sum(b.target == target for b in plan) + 1

@@ -309,12 +309,12 @@ class _Turns:
             self.pause_fn(target)
             self.frozen[target] = True
 
-    def freeze_all(self) -> None:
+    def thaw_all(self) -> None:
         self.current = None
         for target in range(len(self.frozen)):
-            if not self.frozen[target]:
-                self.pause_fn(target)
-                self.frozen[target] = True
+            if self.frozen[target]:
+                self.resume_fn(target)
+                self.frozen[target] = False
 
 
 async def run_blocks(
@@ -331,7 +331,8 @@ async def run_blocks(
 ) -> list[LoadResult]:
     """Drive ``urls`` block by block, one target at a time; one result per target.
 
-    The targets come frozen (``pause`` was called for each). Block *i* owns the slot
+    The targets come frozen (``pause`` was called for each) and leave thawed. Block *i*
+    owns the slot
     ``[i, i + 1) × block_s`` of a fixed time grid: its target is thawed ``settle_s``
     before the slot begins (time for a thawed process to catch up on its timers), and
     frozen again once the block's last request has ended and the next block belongs to
@@ -368,11 +369,16 @@ async def run_blocks(
                 url, result = urls[block.target], results[block.target]
                 tasks = await _send(clients[block.target], url, sends, result, tick)
                 endings.append(asyncio.create_task(finish(block, tasks)))
-            await asyncio.gather(*endings)
+            # Bounded: every request has its timeout, so this only guards against a bug
+            # leaving the caller waiting forever on services that are frozen.
+            async with asyncio.timeout(timeout_s + 30.0):
+                await asyncio.gather(*endings)
         finally:
             for ending in endings:
                 ending.cancel()
-            turns.freeze_all()
+            # All thawed, whatever happened: the caller stops them next, and a frozen
+            # process could neither answer a request still in flight nor act on SIGTERM.
+            turns.thaw_all()
     return results
 
 
