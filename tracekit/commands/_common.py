@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from tracekit import units
@@ -260,3 +261,30 @@ def emit(
     """Render ``result`` in ``fmt`` (by its type unless ``renderers`` is given) to stdout."""
     text = renderers[fmt](result) if renderers is not None else render(result, fmt)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@contextmanager
+def progress_bar(
+    label: str, *, enabled: bool | None = None
+) -> Iterator[Callable[[int, int], None]]:
+    """A transient bar on stderr fed by ``(done, total)`` bytes; a no-op off a terminal.
+
+    Long analysis calls take this callback (``progress=``): the analysis reports how far
+    it is, the CLI decides how (or whether) to show it.
+    """
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, 1))
+
+        yield advance

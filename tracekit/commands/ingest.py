@@ -6,11 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from tracekit.commands._common import add_command, add_store
+from tracekit.commands._common import add_command, add_format, add_store, emit, progress_bar
 from tracekit.errors import ConfigError
-
-LISTED = 20
-"""Problems named one per line at the end; the rest are counted."""
 
 DESCRIPTION = """\
 Read traces into the tracekit store (a DuckDB file), then attribute each request's
@@ -37,6 +34,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories")
     add_store(parser, window=False)
+    add_format(parser)
     parser.add_argument(
         "--version",
         dest="release",
@@ -67,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.ingest import ingest_jaeger, ingest_paths
     from tracekit.analysis.store import open_store
     from tracekit.analysis.store.url import parse_store_url
+    from tracekit.render.ingest import IngestOutcome, problem_lines
 
     # A ClickHouse store is written through an in-memory staging store: the same readers
     # and problem log, then the spans go to the exporter's table (docs/clickhouse.md).
@@ -88,62 +87,35 @@ def run(args: argparse.Namespace) -> int:
                 strict=args.strict,
             )
         else:
-            report = ingest_paths(
-                store,
-                args.paths,
-                version=args.release,
-                strict=args.strict,
-                progress=sys.stderr.isatty(),
-                comm_pattern=args.comm_pattern,
-            )
+            with progress_bar("ingest", enabled=sys.stderr.isatty()) as advance:
+                report = ingest_paths(
+                    store,
+                    args.paths,
+                    version=args.release,
+                    strict=args.strict,
+                    progress=advance,
+                    comm_pattern=args.comm_pattern,
+                )
         requests = _refresh(store, report.trace_ids)
         if target.is_clickhouse:
             from tracekit.analysis.ingest.clickhouse import write_spans
 
             written = write_spans(store, target)
-    for problem in report.skipping_problems[:LISTED]:
-        print(f"{problem.where}: {problem.reason}", file=sys.stderr)
-    if len(report.skipping_problems) > LISTED or report.skipped > LISTED:
-        print(f"… and more: {report.skipped:,} skipped in all", file=sys.stderr)
-    # Warnings (nothing dropped) are one line per kind with its first example: a normal
-    # run can hold hundreds of server spans ending just after their client span.
-    first: dict[str, Any] = {}
-    count: dict[str, int] = {}
-    for problem in report.problems:
-        if not problem.skipped:
-            first.setdefault(problem.kind, problem)
-            count[problem.kind] = count.get(problem.kind, 0) + 1
-    for kind, problem in first.items():
-        more = f" (and {count[kind] - 1:,} more like it)" if count[kind] > 1 else ""
-        print(f"warning: {kind}: {problem.where}: {problem.reason}{more}", file=sys.stderr)
-    if args.release and report.releases and args.release not in report.releases:
-        # --version only labels spans without service.version; say so before a later
-        # `--before LABEL` fails with "no requests for release".
-        print(
-            f"warning: --version {args.release} was not applied: these spans carry "
-            f"service.version ({', '.join(report.releases)}); select them by those labels",
-            file=sys.stderr,
-        )
-    if args.jaeger and report.traces >= args.limit:
-        print(
-            f"warning: pulled --limit {args.limit:,} traces, so older ones in the --since window "
-            "were left out; raise --limit or narrow --since to compare whole releases",
-            file=sys.stderr,
-        )
-    if args.jaeger and report.stopped:
-        print(report.stopped)  # how many traces came back and why the pull stopped
-    line = report.summary_line() + f" ({report.seconds:.2f} s)"
-    line += f"; {requests:,} requests attributed"
-    print(line)
-    if written is None:
-        print(f"store: {args.db}")
-    else:
-        created = ", table created with the exporter's DDL" if written.created_table else ""
-        print(
-            f"store: {target.display()}: {written.written:,} spans written, "
-            f"{written.already_present:,} already there{created}"
-        )
-    return 2 if report.skipped else 0
+    outcome = IngestOutcome(
+        report=report,
+        store=target.display() if target.is_clickhouse else args.db,
+        requests_attributed=requests,
+        version=args.release,
+        jaeger_limit=args.limit if args.jaeger else None,
+        written=written.written if written is not None else None,
+        already_present=written.already_present if written is not None else None,
+        created_table=bool(written is not None and written.created_table),
+    )
+    if args.format == "table":
+        for line in problem_lines(outcome):
+            print(line, file=sys.stderr)
+    emit(outcome, args.format)
+    return outcome.exit_code
 
 
 def _refresh(store: Any, trace_ids: list[str]) -> int:

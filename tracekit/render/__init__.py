@@ -22,6 +22,7 @@ RENDERER_TABLES: dict[str, str] = {
     "AutoscaleResult": "tracekit.render.autoscale:RENDERERS",
     "SlowFast": "tracekit.render.summary:SLOW_RENDERERS",
     "list[Summary]": "tracekit.render.summary:SUMMARY_RENDERERS",
+    "IngestOutcome": "tracekit.render.ingest:RENDERERS",
 }
 """Result type name (``list[T]`` for a list of T) → ``module:table`` of its renderers."""
 

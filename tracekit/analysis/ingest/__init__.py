@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,14 @@ def ingest_paths(
     *,
     version: str | None = None,
     strict: bool = False,
-    progress: bool = False,
+    progress: Callable[[int, int], None] | None = None,
     comm_pattern: str | None = None,
 ) -> IngestReport:
     """Read trace files and directories (recursively) into ``store``.
 
     ``version`` labels spans whose resource has no ``service.version`` (and is the run
-    label of PyTorch-profiler files); ``comm_pattern`` is a regular expression for
+    label of PyTorch-profiler files); ``progress(bytes_done, bytes_total)`` is called after
+    each file (the CLI draws a bar from it; analysis never prints); ``comm_pattern`` is a regular expression for
     device kernels that are communication besides NCCL's (profiler files). Raises
     :class:`IngestError` for a path that does not exist, and with ``strict`` at the first
     problem that would drop data (nothing is stored then).
@@ -61,11 +61,16 @@ def ingest_paths(
             f"--comm-pattern {comm_pattern!r} is not a regular expression: {exc}"
         ) from exc
 
+    sizes = [_size(f) for f in files]
+    total = sum(sizes)
+
     def read(reader: _Reader) -> None:
-        with _progress(files, enabled=progress) as advance:
-            for file_no, item in enumerate(files):
-                reader.read_file(item, file_no)
-                advance(item)
+        done = 0
+        for file_no, item in enumerate(files):
+            reader.read_file(item, file_no)
+            done += sizes[file_no]
+            if progress is not None:
+                progress(done, total)
 
     return _stage_and_store(
         store,
@@ -393,26 +398,8 @@ def _shape(doc: Any) -> str:
     return f"a JSON {type(doc).__name__}"
 
 
-@contextmanager
-def _progress(files: list[detect.InputFile], *, enabled: bool) -> Iterator[Any]:
-    """A transient rich progress bar over the input's bytes, on stderr."""
-    if not enabled:
-        yield lambda item: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-    sizes = {f.path: f.path.stat().st_size for f in files}
-    columns = (
-        TextColumn("ingest {task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"{len(files)} files", total=sum(sizes.values()) or 1)
-
-        def advance(item: detect.InputFile) -> None:
-            bar.update(task, advance=sizes[item.path])
-
-        yield advance
+def _size(item: detect.InputFile) -> int:
+    try:
+        return item.path.stat().st_size
+    except OSError:
+        return 0  # reading it reports the problem

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,7 +198,7 @@ def ingest_into_clickhouse(
     *,
     version: str | None = None,
     strict: bool = False,
-    progress: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[IngestReport, ClickHouseWrite]:
     """Read ``paths`` as ``tracekit ingest`` does and write their spans to ``url``."""
     with open_store(":memory:") as staging:
