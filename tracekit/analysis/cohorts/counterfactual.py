@@ -59,18 +59,56 @@ def quantile_match(
         return np.zeros(0)
     if len(before) == 0 or before_w.sum() <= 0:
         return np.zeros_like(after)
-    order = np.argsort(after, kind="stable")
-    w = after_w[order]
-    cum = np.cumsum(w)
-    ranks = (cum - w / 2.0) / cum[-1]
-    b_order = np.argsort(before, kind="stable")
-    b_sorted = before[b_order]
-    b_cum = np.cumsum(before_w[b_order])
+    order = stable_argsort(after)
+    if _unit(after_w):
+        # Unsampled: the cumulative weights are 1..n, so the mid-ranks need no gather and
+        # no cumsum (the same floating-point operations as the general case below).
+        cum = np.arange(1, len(after) + 1, dtype=np.float64)
+        ranks = (cum - 0.5) / cum[-1]
+    else:
+        w = after_w[order]
+        cum = np.cumsum(w)
+        ranks = (cum - w / 2.0) / cum[-1]
+    if _unit(before_w):
+        b_sorted = np.sort(before)  # the values of a stable argsort, without the gather
+        b_cum = np.arange(1, len(before) + 1, dtype=np.float64)
+    else:
+        b_order = np.argsort(before, kind="stable")
+        b_sorted = before[b_order]
+        b_cum = np.cumsum(before_w[b_order])
     b_cum /= b_cum[-1]
     idx = np.clip(np.searchsorted(b_cum, ranks, side="left"), 0, len(b_sorted) - 1)
     out = np.empty_like(after, dtype=np.float64)
     out[order] = b_sorted[idx]
     return out
+
+
+def _unit(w: FloatArray) -> bool:
+    return bool(w[0] == 1.0 and np.all(w == 1.0))
+
+
+def stable_argsort(x: FloatArray) -> npt.NDArray[np.int64]:
+    """``np.argsort(x, kind="stable")``, computed about twice as fast for a million values.
+
+    NumPy's stable sort of floats is a merge sort; its default sort is a vectorised
+    quicksort that leaves equal values in no particular order. So: sort with that, then
+    put each run of equal values (NaNs count as equal, as the stable sort keeps them in
+    row order too) back in row order by sorting (run number, row) keys as integers.
+    """
+    n = len(x)
+    order = np.argsort(x)
+    if n < 2:
+        return order
+    v = x[order]
+    tie = v[1:] == v[:-1]
+    tie |= np.isnan(v[1:]) & np.isnan(v[:-1])
+    if not tie.any():
+        return order
+    run = np.empty(n, dtype=np.int64)
+    run[0] = 0
+    np.cumsum(~tie, out=run[1:])
+    keys = np.sort(run * n + order)
+    return keys % n
 
 
 @dataclass(frozen=True)
