@@ -51,9 +51,8 @@ def run(args: argparse.Namespace) -> int:
     with open_analysis_store(args, releases=(args.before, args.after)) as store:
         if _training(store, args.before, args.after):
             from tracekit.analysis.training.diff import diff_runs
-            from tracekit.render.training import DIFF_RENDERERS
 
-            emit(diff_runs(store, args.before, args.after), args.format, DIFF_RENDERERS)
+            emit(diff_runs(store, args.before, args.after), args.format)
             return 0
         result = diff_releases(
             store,

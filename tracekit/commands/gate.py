@@ -166,5 +166,5 @@ def _training_gate(store: Any, args: argparse.Namespace, confidence: float) -> i
     )
     if args.markdown:
         _write(args.markdown, GATE_RENDERERS["markdown"](result))
-    emit(result, args.format, GATE_RENDERERS)
+    emit(result, args.format)
     return result.exit_code

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db, add_format, emit
+from tracekit.commands._common import (
+    add_command,
+    add_format,
+    add_store,
+    add_version,
+    emit,
+    open_analysis_store,
+)
 
 DESCRIPTION = """\
 Break each training run's step time into data_wait, forward, backward, optimizer,
@@ -28,9 +35,7 @@ def register(sub: Any) -> None:
         help="where training step time goes: data, compute, communication",
         description=DESCRIPTION,
     )
-    parser.add_argument(
-        "--version", default=None, metavar="RUN", help="only this run (default: every training run)"
-    )
+    add_version(parser, help="only this run (default: every training run in the store)")
     parser.add_argument(
         "--warmup",
         type=int,
@@ -39,19 +44,17 @@ def register(sub: Any) -> None:
         help="leading steps to leave out (DDP builds its buckets in the first)",
     )
     add_format(parser)
-    add_db(parser)
+    add_store(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.store import open_store
     from tracekit.analysis.training.steps import steps_report
     from tracekit.errors import ConfigError
-    from tracekit.render.training import STEPS_RENDERERS
 
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be 0 or more, got {args.warmup}")
-    with open_store(args.db, read_only=True) as store:
+    with open_analysis_store(args, releases=args.version or ()) as store:
         result = steps_report(store, args.version, warmup=args.warmup)
-    emit(result, args.format, STEPS_RENDERERS)
+    emit(result, args.format)
     return 0

@@ -23,6 +23,9 @@ RENDERER_TABLES: dict[str, str] = {
     "SlowFast": "tracekit.render.summary:SLOW_RENDERERS",
     "list[Summary]": "tracekit.render.summary:SUMMARY_RENDERERS",
     "IngestOutcome": "tracekit.render.ingest:RENDERERS",
+    "StepsResult": "tracekit.render.training:STEPS_RENDERERS",
+    "TrainingDiff": "tracekit.render.training:DIFF_RENDERERS",
+    "TrainingGateResult": "tracekit.render.training:GATE_RENDERERS",
 }
 """Result type name (``list[T]`` for a list of T) → ``module:table`` of its renderers."""
 
