@@ -26,10 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
-
 from tracekit.analysis.attribution.payloads import ingest_otlp_payloads
 from tracekit.analysis.store import Store, open_store
+from tracekit.analysis.store import is_lock_error as store_lock_error
 from tracekit.errors import QueryError
 
 
@@ -63,7 +62,7 @@ class FlushStats:
 def is_lock_error(exc: BaseException) -> bool:
     """True when DuckDB refused the file because another process holds it."""
     cause = exc.__cause__ if isinstance(exc, QueryError) else exc
-    return isinstance(cause, duckdb.IOException) and "lock" in str(cause).lower()
+    return cause is not None and store_lock_error(cause)
 
 
 class BatchWriter:

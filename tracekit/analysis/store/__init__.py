@@ -26,6 +26,12 @@ DatabaseError = duckdb.Error
 """What the database raises; the only name outside this package that stands for it, so
 callers translate it (``raise QueryError(...) from exc``) without importing duckdb."""
 
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True when the database refused the file because another process holds it."""
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
 SPAN_COLUMNS: tuple[str, ...] = (
     "trace_id",
     "span_id",

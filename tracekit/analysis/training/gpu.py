@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import duckdb
-
-from tracekit.analysis.store import Store
+from tracekit.analysis.store import DatabaseError, Store
 from tracekit.errors import QueryError
 
 RANK_STEP = -1
@@ -73,7 +71,7 @@ def rank_gpu_breakdown(store: Store, run_label: str) -> dict[int, RankGpu]:
         if not tables[0][0]:
             return {}
         rows = store.run(_SQL, {"label": run_label, "whole": RANK_STEP})
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read GPU figures from {store.path}: {exc}") from exc
     out: dict[int, RankGpu] = {}
     for r in rows:

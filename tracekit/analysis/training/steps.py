@@ -28,13 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import duckdb
 import numpy as np
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution.per_request import fetch_spans, json_path, trace_input
-from tracekit.analysis.store import Store
+from tracekit.analysis.store import DatabaseError, Store
 from tracekit.analysis.training.gpu import rank_gpu_breakdown
 from tracekit.analysis.training.model import (
     COMPONENT_ORDER,
@@ -110,7 +109,7 @@ def training_runs(store: Store) -> dict[str, int]:
     """Run label -> number of ``train_step`` spans in the store."""
     try:
         rows = store.con.execute(_RUNS_SQL, {"step": cv.STEP_SPAN_NAME}).fetchall()
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read {store.path}: {exc}") from exc
     return {str(label): int(n) for label, n in rows}
 
@@ -159,7 +158,7 @@ def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
     }
     try:
         roots = store.con.execute(_STEPS_SQL, params).fetchall()
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read steps from {store.path}: {exc}") from exc
     if not roots:
         raise QueryError(f"run {label!r} has no timed train_step spans in {store.path}")
@@ -214,7 +213,7 @@ def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], tupl
     }
     try:
         rows = store.con.execute(_COMM_SQL, params).fetchall()
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
     return {(t, s): (g, -1 if q is None else int(q)) for t, s, g, q in rows}
 
