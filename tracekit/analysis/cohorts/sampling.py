@@ -37,12 +37,6 @@ def estimated_requests(rel: ReleaseData) -> float:
     return float(rel.weights.sum())
 
 
-# Hex digit value per byte (upper or lower case); 255 marks a byte that is no hex digit.
-_HEX_VALUE = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX_VALUE[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX_VALUE[_c] = 10 + _i
 _ID_LEN = 32
 _RANDOM_DIGITS = 14
 """The trace id's last 14 hex digits carry its 56 random bits (W3C Trace Context level 2)."""
@@ -50,25 +44,37 @@ _RANDOM_DIGITS = 14
 
 def _random_bits(trace_ids: npt.NDArray[np.object_]) -> npt.NDArray[np.float64]:
     """The 56 random bits of each 32-digit hex trace id as a fraction of their range in
-    [0, 1); NaN for an id of another length or with a non-hex digit among them.
+    [0, 1); NaN for an id of another length or with a non-hex digit among them
+    (Python's ``int(text, 16)``, used before, also took "_", "0x" and blanks there).
 
-    Vectorised: the ids become one byte matrix and a hex-digit lookup, instead of a
+    Vectorised: the ids become one byte matrix read as hex digits, instead of a
     Python ``int(text, 16)`` per trace (a million traces: ~0.25 s against ~3 s).
     """
     n = len(trace_ids)
     out = np.full(n, np.nan)
-    texts = list(map(str, trace_ids))
+    try:
+        texts: list[str] = list(trace_ids)
+        joined = "".join(texts)
+    except TypeError:  # not all str (ids are text in the store; tests may pass others)
+        texts = [str(t) for t in trace_ids]
+        joined = "".join(texts)
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
     keep = np.flatnonzero(lengths == _ID_LEN)
     if len(keep) == 0:
         return out
     if len(keep) < n:
-        texts = [texts[i] for i in keep]
+        joined = "".join(texts[i] for i in keep)
     # "replace" turns a non-ASCII character into one "?" (no hex digit), so every id
     # stays 32 bytes wide and the rows line up.
-    raw = np.frombuffer("".join(texts).encode("ascii", "replace"), dtype=np.uint8)
-    digits = _HEX_VALUE[raw.reshape(len(keep), _ID_LEN)[:, _ID_LEN - _RANDOM_DIGITS :]]
-    ok = np.all(digits != 255, axis=1)
+    raw = np.frombuffer(joined.encode("ascii", "replace"), dtype=np.uint8)
+    tail = raw.reshape(len(keep), _ID_LEN)[:, _ID_LEN - _RANDOM_DIGITS :]
+    # Byte arithmetic instead of a lookup table: uint8 wraps below '0' / 'a', so one
+    # comparison each tells digits and letters a-f (either case) apart from the rest.
+    number = tail - np.uint8(ord("0"))
+    letter = (tail | np.uint8(0x20)) - np.uint8(ord("a"))
+    is_number = number < 10
+    digits = np.where(is_number, number, letter + np.uint8(10))
+    ok = np.all(is_number | (letter < 6), axis=1)
     # Two digits per byte, seven bytes right-aligned in a big-endian 64-bit word.
     packed = np.zeros((len(keep), 8), dtype=np.uint8)
     packed[:, 1:] = (digits[:, 0::2] << 4) | digits[:, 1::2]
