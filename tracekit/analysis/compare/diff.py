@@ -181,13 +181,23 @@ def compute_diff(
 
     stages = cv.order_stages(set(before.stages) | set(after.stages))
     _, removals = cf.counterfactual_removals(before, after, q, stages)
+    every_b = np.ones(len(before.duration_ms), dtype=bool)
+    every_a = np.ones(len(after.duration_ms), dtype=bool)
     rows = []
     for removal in removals:
         name = removal.stage
         declared = cf.declared_kind(before, after, name)
         eb = cf.stage_evidence(before, name, b_mask)
         ea = cf.stage_evidence(after, name, a_mask)
-        hidden = cf.is_hidden_wait(declared, eb, ea)
+        # Hidden wait must show in the tail and over every request. A heavier computation
+        # on a busy machine stretches the tail's wall time far beyond its CPU time (the
+        # slowest requests are the ones that waited most for a core or the GIL), but over
+        # all requests its CPU time grows with it; contention leaves CPU flat in both.
+        hidden = cf.is_hidden_wait(declared, eb, ea) and cf.is_hidden_wait(
+            declared,
+            cf.stage_evidence(before, name, every_b),
+            cf.stage_evidence(after, name, every_a),
+        )
         rows.append(
             StageDelta(
                 name=name,
