@@ -98,8 +98,20 @@ def test_tracekit_demo_runs_end_to_end_and_cleans_up(
     assert {"ranker-v1.jsonl", "pricing-v2.jsonl", "tracekit.duckdb"} <= kept
 
 
-def test_demo_flags_are_checked_before_anything_starts(started_pids: list[int]) -> None:
+def test_demo_flags_are_checked_before_anything_starts(
+    started_pids: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["demo", "--duration", "0"]) == 2
-    with pytest.raises(SystemExit):
-        cli.main(["demo", "--regression", "gpu"])
+    assert cli.main(["demo", "--regression", "gpu"]) == 2
+    assert "--regression gpu: use one of batch, downstream" in capsys.readouterr().err
+    # Each mode takes only its own regressions: a training one is no serving regression,
+    # and the other way round; both refused in one line, before anything starts.
+    assert cli.main(["demo", "--regression", "straggler"]) == 2
+    err = capsys.readouterr().err
+    assert "--regression straggler" in err and "needs --training" in err
+    assert err.count("\n") == 1
+    assert cli.main(["demo", "--training", "--regression", "cache"]) == 2
+    err = capsys.readouterr().err
+    assert "--training --regression cache: use one of straggler" in err
+    assert err.count("\n") == 1
     assert started_pids == []

@@ -7,8 +7,17 @@
   an LRU cache and the PyTorch ranking model.
 - :mod:`tracekit.demo.loadgen`: an open-loop load generator (Poisson arrivals, latency
   from the scheduled send time).
-- :mod:`tracekit.demo.regressions`: the five regressions a v2 release can carry.
-- :mod:`tracekit.demo.runner`: starts everything for v1 then v2, analyses, cleans up.
+- :mod:`tracekit.demo.regressions`: the regressions a v2 release can carry.
+- :mod:`tracekit.demo.interleave`: several releases served at once and loaded in turns
+  of short blocks, the ones not under load frozen, so all see the same machine.
+- :mod:`tracekit.demo.runner`: starts v1 and v2, loads them interleaved, analyses,
+  cleans up.
+- :mod:`tracekit.demo.processes` and :mod:`tracekit.demo.settings`: starting and stopping
+  the service processes; the variables and defaults they read.
+- :mod:`tracekit.demo.collect_loop`: ``--collect``, spans over OTLP into ``tracekit collect``.
+- :mod:`tracekit.demo.training` and :mod:`tracekit.demo.trainer`: ``--training``, a 1-rank
+  and a 2-rank DDP job and the scaling diff.
+- :mod:`tracekit.demo.command`: the ``tracekit demo`` command (serving or ``--training``).
 
 Importing this package loads nothing heavy; each module imports what it needs.
 """

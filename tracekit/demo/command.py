@@ -3,30 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from tracekit.commands._common import add_command
 
-DESCRIPTION = """\
+DESCRIPTION_HEAD = """\
 Run the reference system on loopback and let tracekit find a regression.
 
-Starts a FastAPI + PyTorch ranker and the pricing service it calls, drives release v1
-and then release v2 (which carries one regression) with an open-loop load generator,
-ingests the two releases' traces and prints tracekit's summary, diff, release gate and
-autoscaling audit. Everything it starts is stopped at the end, also on Ctrl-C.
+Starts a FastAPI + PyTorch ranker and the pricing service it calls twice, release v1
+and release v2 (which carries one regression), all at once. An open-loop load generator
+then drives the two releases in turns of {block_s:g} s, the one not under load frozen, so that
+whatever else the machine does falls on both alike. It ingests both releases' traces and
+prints tracekit's summary, diff, release gate and autoscaling audit. Everything it
+starts is stopped at the end, also on Ctrl-C.
 
-Regressions (v2 only):
-  batch        the batcher waits longer for bigger batches on one worker  -> batch_queue, wait
-  downstream   10% of pricing calls take 40 ms longer                     -> downstream, wait
-  model        a heavier model                                            -> model_execute, compute
-  cache        feature cache disabled                                     -> feature_retrieval, wait
-  contention   a CPU-hogging thread holds the GIL                         -> a compute stage, hidden_wait
-  none         v2 = v1                                                    -> verdict none
+Regressions (v2 only; each with what tracekit should find):
+"""
 
-Training (--training): a 1-rank and a 2-rank DDP job (gloo on 127.0.0.1), then
-`tracekit steps` and the scaling `tracekit diff`; --regression straggler|data|comm|none.
-
+DESCRIPTION_TAIL = """
 Example:
   tracekit demo --regression cache --keep demo-out
   tracekit demo --training --regression straggler
@@ -35,26 +31,64 @@ Example:
 """
 
 
+def description() -> str:
+    """The help text, its regression lists drawn from the tables the runs use."""
+    from tracekit.demo.regressions import REGRESSIONS
+    from tracekit.demo.settings import DEFAULT_BLOCK_S
+    from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
+
+    def entry(name: str, text: str, found: str) -> str:
+        return textwrap.fill(
+            f"{text} -> {found}",
+            width=88,
+            initial_indent=f"  {name:<11} ",
+            subsequent_indent=" " * 14,
+        )
+
+    serving = [
+        entry(r.name, r.description, f"{'/'.join(r.expected_stages)}, {r.expected_kind}")
+        if r.expected_stages
+        else entry(r.name, r.description, "verdict none")
+        for r in REGRESSIONS.values()
+    ]
+    training = [entry(p.name, p.description, p.expected) for p in TRAINING_REGRESSIONS.values()]
+    return "\n".join(
+        [
+            DESCRIPTION_HEAD.format(block_s=DEFAULT_BLOCK_S).rstrip("\n"),
+            *serving,
+            "",
+            "Training (--training): a 1-rank and a 2-rank DDP job (gloo on 127.0.0.1), then",
+            "`tracekit steps` and the scaling `tracekit diff`. Regressions of the 2-rank run",
+            f"(default {DEFAULT_TRAINING_REGRESSION}):",
+            *training,
+            DESCRIPTION_TAIL,
+        ]
+    )
+
+
 def register(sub: Any) -> None:
     from tracekit.demo.regressions import DEFAULT_REGRESSION, REGRESSIONS
 
     # Not the runner: it imports torch, which would slow every tracekit command's start.
     from tracekit.demo.settings import DEFAULT_DURATION_S, DEFAULT_RATE
+    from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
 
     parser = add_command(
         sub,
         "demo",
         help="run the reference service and find a v1 → v2 regression",
-        description=DESCRIPTION,
+        description=description(),
     )
-    from tracekit.demo.trainer import TRAINING_REGRESSIONS
-
+    # No argparse choices: the serving and the training demo each take their own names,
+    # and run() checks the name against the mode it is for (a union of both lists would
+    # accept `--regression straggler` for the serving demo).
     parser.add_argument(
         "--regression",
-        choices=list(dict.fromkeys([*REGRESSIONS, *TRAINING_REGRESSIONS])),
         default=None,
-        help=f"what v2 changes (default {DEFAULT_REGRESSION}); with --training one of "
-        f"{'|'.join(TRAINING_REGRESSIONS)} (default straggler)",
+        metavar="NAME",
+        help=f"what v2 changes: {'|'.join(REGRESSIONS)} (default {DEFAULT_REGRESSION}); "
+        f"with --training {'|'.join(TRAINING_REGRESSIONS)} "
+        f"(default {DEFAULT_TRAINING_REGRESSION})",
     )
     parser.add_argument(
         "--training",
@@ -101,31 +135,47 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from tracekit.demo.runner import DemoOptions, run_demo
+def check_regression(name: str | None, *, training: bool) -> str:
+    """The regression to run for this mode (its default when ``name`` is None).
+
+    A name of the other mode, or of none, is a :class:`ConfigError` (one line, exit 2)
+    raised before anything starts.
+    """
+    from tracekit.demo.regressions import DEFAULT_REGRESSION, REGRESSIONS
+    from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
     from tracekit.errors import ConfigError
 
+    own, other = (
+        (TRAINING_REGRESSIONS, REGRESSIONS) if training else (REGRESSIONS, TRAINING_REGRESSIONS)
+    )
+    if name is None:
+        return DEFAULT_TRAINING_REGRESSION if training else DEFAULT_REGRESSION
+    if name in own:
+        return name
+    mode = "--training --regression" if training else "--regression"
+    hint = ""
+    if name in other:
+        hint = " (that one is for the serving demo)" if training else " (that one needs --training)"
+    raise ConfigError(f"{mode} {name}: use one of {', '.join(own)}{hint}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracekit.errors import ConfigError
+
+    name = check_regression(args.regression, training=args.training)
     if args.training:
-        from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
         from tracekit.demo.training import run_training_demo
 
-        name = args.regression or DEFAULT_TRAINING_REGRESSION
-        if name not in TRAINING_REGRESSIONS:
-            raise ConfigError(
-                f"--training --regression {name}: use one of {', '.join(TRAINING_REGRESSIONS)}"
-            )
         return run_training_demo(name, keep=args.keep, seed=args.seed)
-    if args.regression is None:
-        from tracekit.demo.regressions import DEFAULT_REGRESSION
-
-        args.regression = DEFAULT_REGRESSION
     if args.duration <= 0 or args.rate <= 0:
         raise ConfigError("--duration and --rate must be positive")
     if args.duration * args.rate > 20_000:
         raise ConfigError("--duration × --rate is capped at 20000 requests per release")
+    from tracekit.demo.runner import DemoOptions, run_demo
+
     return run_demo(
         DemoOptions(
-            regression=args.regression,
+            regression=name,
             duration_s=args.duration,
             rate=args.rate,
             otlp_endpoint=args.otlp_endpoint,

@@ -7,10 +7,8 @@ meanwhile (:mod:`tracekit.demo.interleave`): whatever else the machine does fall
 both releases alike, so a busy machine can neither hide v2's regression nor invent one.
 Then it stops them all, which flushes their OTLP JSON-lines trace files, ingests the
 files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
-``gate`` and ``autoscale`` say (autoscale windows of one block each). Then it
-ingests the files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
-``gate`` and ``autoscale`` say, by calling the CLI in-process, so the demo exercises
-exactly the commands a user types. Every process it started is stopped on the way out,
+``gate`` and ``autoscale`` say (autoscale windows of one block each), by calling the
+CLI in-process, so the demo exercises exactly the commands a user types. Every process it started is stopped on the way out,
 on success, error or Ctrl-C alike.
 """
 
@@ -53,10 +51,7 @@ DEFAULT_DURATION_S = env.DEFAULT_DURATION_S
 DEFAULT_RATE = env.DEFAULT_RATE
 BEFORE, AFTER = "v1", "v2"
 DB_NAME = "tracekit.duckdb"
-BLOCK_S = 1.5
-"""Seconds per block of load. Short, so that the machine's other work of a few seconds
-falls on both releases; long enough that one autoscale window (one block) holds the 20
-requests a p95 needs at the default rate."""
+BLOCK_S = env.DEFAULT_BLOCK_S
 ALIGN_S = 0.05
 """Distance of each block from its window's edges (see ``loadgen.block_plan``)."""
 

@@ -33,6 +33,10 @@ DEFAULT_DURATION_S = 25.0
 """Seconds of load per release in ``tracekit demo``."""
 DEFAULT_RATE = 30.0
 """Requests per second (Poisson arrivals) in ``tracekit demo``."""
+DEFAULT_BLOCK_S = 1.5
+"""Seconds per block of load in ``tracekit demo``. Short, so that the machine's other work
+of a few seconds falls on both releases; long enough that one autoscale window (one
+block) holds the 20 requests a p95 needs at the default rate."""
 
 ENV_HOST = "TRACEKIT_DEMO_HOST"
 """Address to bind (default 127.0.0.1; the compose file uses 0.0.0.0)."""
