@@ -11,6 +11,7 @@ exemplar traces and flags. :func:`compute_diff` is pure (two :class:`ReleaseData
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +25,8 @@ from tracekit.analysis.cohorts.sampling import (
     estimated_requests,
     unweighted_tail_sampling,
 )
-from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta, quantile_deltas
+from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta
+from tracekit.analysis.compare.intervals import CLUSTER_S, clustered_quantile_deltas
 from tracekit.analysis.compare.wording import (
     Flag,
     cpu_flag,
@@ -156,14 +158,11 @@ def compute_diff(
     jaeger_url: str | None = None,
 ) -> DiffResult:
     """Compare two releases' requests; pure (no attribute ranking, which needs spans)."""
-    deltas = quantile_deltas(
-        before.duration_ms,
-        after.duration_ms,
-        DEFAULT_QUANTILES,
-        before_weights=before.weights,
-        after_weights=after.weights,
-        confidence=confidence,
-        seed=seed,
+    # Intervals widened where slow requests come in bursts (see compare.intervals): the
+    # verdict rests on them, and a burst counted as independent requests invents a
+    # regression in an unchanged release.
+    deltas, effects = clustered_quantile_deltas(
+        before, after, DEFAULT_QUANTILES, confidence=confidence, seed=seed
     )
     q, reason = cf.choose_tail(before.duration_ms, before.weights, after.duration_ms, after.weights)
     tail_delta = next(d for d in deltas if d.q == q)
@@ -222,6 +221,9 @@ def compute_diff(
 
     verdict = _verdict(tail_delta, rows, confidence)
     flags = _flags(before, after, tail, tail_delta, verdict)
+    bursty = _bursty_flag(before, after, tail.cohort, effects[DEFAULT_QUANTILES.index(q)])
+    if bursty is not None:
+        flags.append(bursty)
     result = DiffResult(
         before=ReleaseRef(before.label, before.n, estimated_requests(before)),
         after=ReleaseRef(after.label, after.n, estimated_requests(after)),
@@ -288,6 +290,28 @@ def _flags(
         if flag is not None:
             flags.append(flag)
     return flags
+
+
+BURSTY_EFFECT = 1.5
+"""Design effect from which the diff says that the tail came in bursts."""
+
+
+def _bursty_flag(
+    before: ReleaseData, after: ReleaseData, cohort: str, effects: tuple[float, float]
+) -> Flag | None:
+    if max(effects) < BURSTY_EFFECT:
+        return None
+    parts = [
+        f"{rel.label} ×{math.sqrt(effect):.1f}"
+        for rel, effect in zip((before, after), effects, strict=True)
+        if effect > 1.0
+    ]
+    return Flag(
+        "bursty_tail",
+        f"requests at or above {cohort} arrive in bursts (within {CLUSTER_S:g} s of each other "
+        f"more often than chance): its interval is widened accordingly ({', '.join(parts)}); "
+        "more load over a longer time narrows it.",
+    )
 
 
 def _exemplars(

@@ -1,0 +1,169 @@
+"""Quantile-delta intervals that respect requests arriving in bursts of shared conditions.
+
+The bootstrap of :mod:`tracekit.analysis.cohorts.stats` treats every request as an
+independent draw. Requests that arrive within the same second are not: a garbage
+collection, a CPU burst of a neighbour, a slow second of a dependency slows them
+together, and on a busy machine the tail cohort is a handful of such bursts, five slow
+requests from one of them. Counted as independent evidence, one burst that happened to
+land on the after release makes an unchanged release "significantly" slower.
+
+So the interval of each quantile delta is widened by that quantile's **design effect**
+(Kish), estimated from the data: requests are grouped by arrival time into windows of
+:data:`CLUSTER_S`, and the design effect is the ratio of the cluster-robust variance of
+the quantile's estimating equation (the share of requests at or above it, summed per
+window) to its variance under independence — the sandwich estimator's ratio, as in
+Woodruff's interval for quantiles of a cluster sample. A release's bootstrap replicates
+are spread around its point estimate by the square root of that ratio, never narrowed
+(a ratio below one is read as one), and only with at least :data:`MIN_CLUSTERS` windows:
+with fewer, the data cannot say how requests cluster, and the independent bootstrap
+stands. When requests arrive independently the ratio is about one and the intervals are
+those of :func:`~tracekit.analysis.cohorts.stats.quantile_deltas`, replicate for
+replicate (the same seed draws the same resamples).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from tracekit.analysis.cohorts.release import ReleaseData
+from tracekit.analysis.cohorts.stats import (
+    DEFAULT_BOOTSTRAP,
+    QuantileDelta,
+    tail_samples,
+    weighted_quantiles,
+    window_bootstrap_quantiles,
+)
+
+CLUSTER_S = 1.0
+"""Width of the arrival-time windows whose requests may share conditions. A second spans
+the bursts seen on a loaded machine (a scheduler hiccup, a neighbour's compile step, a
+collector flush) while leaving minutes of traffic hundreds of windows to estimate from."""
+MIN_CLUSTERS = 20
+"""Fewest non-empty windows for the design effect to be estimated at all."""
+
+
+def time_clusters(
+    start_ns: npt.NDArray[np.int64], width_s: float = CLUSTER_S
+) -> npt.NDArray[np.int64]:
+    """Window index (0, 1, …, dense) of each request's arrival, windows ``width_s`` wide."""
+    if len(start_ns) == 0:
+        return np.zeros(0, dtype=np.int64)
+    bins = (start_ns - start_ns.min()) // max(1, int(width_s * 1e9))
+    steps = np.diff(bins)
+    if np.all(steps >= 0):
+        # Requests in arrival order (as a release is loaded): number the windows by
+        # counting where the window changes, without np.unique's sort.
+        return np.concatenate(([0], np.cumsum(steps > 0))).astype(np.int64)
+    _, dense = np.unique(bins, return_inverse=True)
+    return dense.astype(np.int64)
+
+
+def design_effect(
+    values: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    clusters: npt.NDArray[np.int64],
+    cut: float,
+) -> float:
+    """Cluster-robust over independent variance of the share of requests at or above
+    ``cut`` (weighted); 1.0 when it cannot be estimated or is below one."""
+    return _Windows(weights, clusters).design_effect(values, cut)
+
+
+class _Windows:
+    """Per-window sums of one release, computed once for all of its quantiles."""
+
+    def __init__(self, weights: npt.NDArray[np.float64], clusters: npt.NDArray[np.int64]) -> None:
+        self.weights = weights
+        self.clusters = clusters
+        self.k = int(clusters.max()) + 1 if len(clusters) else 0
+        self.mass = np.bincount(clusters, weights=weights, minlength=self.k)
+        self.total = float(self.mass.sum())
+        self.squares = float(np.dot(weights, weights))
+
+    def design_effect(self, values: npt.NDArray[np.float64], cut: float) -> float:
+        if self.k < MIN_CLUSTERS or not math.isfinite(cut) or self.total <= 0:
+            return 1.0
+        # Only the requests at or above the cut are touched: for p99 of a million
+        # requests that is ten thousand, not a million.
+        above = np.flatnonzero(values >= cut)
+        w = self.weights[above]
+        p = float(w.sum()) / self.total
+        tail_squares = float(np.dot(w, w))
+        # Σ w²(z - p)², split by z = 1 (at or above the cut) and z = 0.
+        independent = (1.0 - p) ** 2 * tail_squares + p**2 * (self.squares - tail_squares)
+        if independent <= 0:
+            return 1.0
+        per_window = np.bincount(self.clusters[above], weights=w, minlength=self.k)
+        per_window -= p * self.mass
+        clustered = float(np.dot(per_window, per_window)) * self.k / (self.k - 1)
+        return max(1.0, clustered / independent)
+
+
+def clustered_quantile_deltas(
+    before: ReleaseData,
+    after: ReleaseData,
+    qs: Sequence[float],
+    *,
+    confidence: float,
+    seed: int = 0,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    width_s: float = CLUSTER_S,
+) -> tuple[list[QuantileDelta], list[tuple[float, float]]]:
+    """Quantile changes with bootstrap intervals widened by each release's design effect.
+
+    Returns the deltas and, per quantile, the (before, after) design effects applied.
+    """
+    rng = np.random.default_rng(seed)
+    b, a = before.duration_ms, after.duration_ms
+    qb = weighted_quantiles(b, qs, before.weights)
+    qa = weighted_quantiles(a, qs, after.weights)
+    # Drawn in quantile_deltas' order (before, then after) from the same generator.
+    rb = window_bootstrap_quantiles(b, qs, before.weights, n_boot=n_boot, rng=rng)
+    ra = window_bootstrap_quantiles(a, qs, after.weights, n_boot=n_boot, rng=rng)
+    wb = _Windows(before.weights, time_clusters(before.start_ns, width_s))
+    wa = _Windows(after.weights, time_clusters(after.start_ns, width_s))
+    effects = []
+    for i in range(len(qs)):
+        db = wb.design_effect(b, float(qb[i]))
+        da = wa.design_effect(a, float(qa[i]))
+        rb[:, i] = qb[i] + math.sqrt(db) * (rb[:, i] - qb[i])
+        ra[:, i] = qa[i] + math.sqrt(da) * (ra[:, i] - qa[i])
+        effects.append((db, da))
+    diff = ra - rb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
+    alpha = (1.0 - confidence) / 2.0
+    out = []
+    for i, q in enumerate(qs):
+        lo, hi = _interval(diff[:, i], alpha)
+        rlo, rhi = _interval(rel[:, i], alpha)
+        out.append(
+            QuantileDelta(
+                q=float(q),
+                before=float(qb[i]),
+                after=float(qa[i]),
+                delta=float(qa[i] - qb[i]),
+                ci_low=lo,
+                ci_high=hi,
+                rel_delta=float(qa[i] / qb[i] - 1.0) if qb[i] > 0 else float("nan"),
+                rel_ci_low=rlo,
+                rel_ci_high=rhi,
+                before_tail_n=tail_samples(b, float(qb[i])),
+                after_tail_n=tail_samples(a, float(qa[i])),
+                replicates=diff[:, i],
+                rel_replicates=rel[:, i],
+            )
+        )
+    return out, effects
+
+
+def _interval(reps: npt.NDArray[np.float64], alpha: float) -> tuple[float, float]:
+    finite = reps[np.isfinite(reps)]
+    if len(finite) == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(finite, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
