@@ -97,8 +97,7 @@ class _Windows:
         independent = (1.0 - p) ** 2 * tail_squares + p**2 * (self.squares - tail_squares)
         if independent <= 0:
             return 1.0
-        per_window = np.bincount(self.clusters[above], weights=w, minlength=self.k)
-        per_window -= p * self.mass
+        per_window = np.bincount(self.clusters[above], weights=w, minlength=self.k) - p * self.mass
         clustered = float(np.dot(per_window, per_window)) * self.k / (self.k - 1)
         return max(1.0, clustered / independent)
 
