@@ -71,7 +71,7 @@ _FILTER = """
       AND ($route IS NULL OR r.route = $route OR r.name = $route)
 """
 
-# One scan of ``requests``; the row id lets the stage rows find their request's row
+# One scan of ``requests`` (ordered in numpy); the row id lets the stage rows find their request's row
 # below without a second window over the release or a join on the sorted selection.
 _REQUEST_SQL = f"""
 SELECT r.rowid AS rid, r.trace_id, r.start_ns, r.duration_ns, r.sample_weight, r.is_error,
@@ -82,7 +82,6 @@ SELECT r.rowid AS rid, r.trace_id, r.start_ns, r.duration_ns, r.sample_weight, r
        coalesce(r.gpu_utilization, 'NaN'::DOUBLE) AS gpu_utilization
 FROM requests r
 WHERE {_FILTER}
-ORDER BY r.start_ns, r.trace_id
 """
 
 # Stage and time kind come back as small integer codes (their names are fetched once):
@@ -118,7 +117,7 @@ def load_release(
     # Row ids are positions in the table: nothing writes between these reads (this
     # connection runs them back to back, and DuckDB lets no other process write the file
     # while it is open here).
-    req = con.execute(_REQUEST_SQL, params).fetchnumpy()
+    req = _in_start_order(con.execute(_REQUEST_SQL, params).fetchnumpy())
     n = len(req["trace_id"])
     if n == 0:
         store.require_release(label)
@@ -148,14 +147,12 @@ def load_release(
     k = len(stages)
     column = np.asarray([stages.index(st) if st in kinds_seen else -1 for st in names], np.int64)
     row_j = column[codes] if len(codes) else codes
-    crit = np.zeros((n, k))
-    wall = np.zeros((n, k))
-    cpu = np.full((n, k), np.nan)
-    gpu = np.full((n, k), np.nan)
-    crit[row_i, row_j] = np.asarray(rows["critical_ns"], dtype=np.float64) / NS_PER_MS
-    wall[row_i, row_j] = np.asarray(rows["wall_ns"], dtype=np.float64) / NS_PER_MS
-    cpu[row_i, row_j] = np.asarray(rows["cpu_time_ns"], dtype=np.float64) / NS_PER_MS
-    gpu[row_i, row_j] = np.asarray(rows["gpu_time_ns"], dtype=np.float64) / NS_PER_MS
+    # One flat index for the four scatters (2-D fancy indexing recomputes it each time).
+    flat = row_i * k + row_j
+    crit = _matrix(n, k, 0.0, flat, rows["critical_ns"])
+    wall = _matrix(n, k, 0.0, flat, rows["wall_ns"])
+    cpu = _matrix(n, k, np.nan, flat, rows["cpu_time_ns"])
+    gpu = _matrix(n, k, np.nan, flat, rows["gpu_time_ns"])
     time_kinds = {st: max(c.items(), key=lambda kv: kv[1])[0] for st, c in kinds_seen.items()}
     return ReleaseData(
         label=label,
@@ -176,6 +173,30 @@ def load_release(
         cpu_utilization=np.asarray(req["cpu_utilization"], dtype=np.float64),
         gpu_utilization=np.asarray(req["gpu_utilization"], dtype=np.float64),
     )
+
+
+def _in_start_order(req: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    """Request columns ordered by (start, trace id): sorted here rather than by an
+    ORDER BY, whose sort carries every column and compares the ids as text."""
+    start = np.asarray(req["start_ns"], dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    ordered = start[order]
+    if len(ordered) > 1 and bool(np.any(ordered[1:] == ordered[:-1])):
+        # Requests that started in the same nanosecond: the trace id breaks the tie (hex
+        # text, so code-point order is DuckDB's byte order).
+        order = np.lexsort((np.asarray(req["trace_id"], dtype=str), start))
+    return {name: np.asarray(values)[order] for name, values in req.items()}
+
+
+def _matrix(
+    n: int, k: int, fill: float, flat: npt.NDArray[np.int64], ns: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """An (n, k) matrix of ``fill`` with the stage rows' nanoseconds put in as ms."""
+    out = np.full(n * k, fill)
+    values = np.asarray(ns, dtype=np.float64)
+    if not (np.isnan(fill) and np.isnan(values).all()):  # unmeasured: nothing to put in
+        out[flat] = values / NS_PER_MS
+    return out.reshape(n, k)
 
 
 def concat_releases(parts: list[ReleaseData]) -> ReleaseData:

@@ -91,15 +91,17 @@ def unweighted_tail_sampling(rel: ReleaseData) -> str | None:
     # The fastest half against the slowest fifth: a tail sampler's certain keeps reach
     # well below the kept store's own p95, its weighted keeps fill the fast half.
     fast_t, slow_t = np.quantile(rel.duration_ms, [0.5, 0.8])
-    slow = rel.duration_ms >= slow_t
-    bits = _random_bits(rel.trace_ids)
-    rest_bits = bits[(rel.duration_ms <= fast_t) & ~np.isnan(bits)]
-    tail_bits = bits[slow & ~np.isnan(bits)]
+    rest_bits = _random_bits(rel.trace_ids[rel.duration_ms <= fast_t])
+    rest_bits = rest_bits[~np.isnan(rest_bits)]
     if len(rest_bits) < MIN_REST:
         return None
     kept = float(np.quantile(rest_bits, 0.9))
+    if kept > MAX_KEPT_FRACTION:
+        return None  # the usual answer (unsampled bits put it near 0.9): no tail to read
+    tail_bits = _random_bits(rel.trace_ids[rel.duration_ms >= slow_t])
+    tail_bits = tail_bits[~np.isnan(tail_bits)]
     above = int((tail_bits > kept).sum())
-    if kept > MAX_KEPT_FRACTION or above < max(5, MIN_TAIL_ABOVE * len(tail_bits)):
+    if above < max(5, MIN_TAIL_ABOVE * len(tail_bits)):
         return None
     return (
         f"{rel.label} looks tail-sampled without weights: 9 in 10 of its {len(rest_bits):,} "

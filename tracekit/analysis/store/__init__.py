@@ -1,7 +1,7 @@
 """The DuckDB store: opening it, its schema, and the few writes every module shares.
 
-The schema lives in ``sql/schema.sql``. Spans are keyed by (trace_id, span_id) (kept
-unique by the writers, without an index), so re-ingesting a file changes nothing. Derived tables (``requests``, ``request_stages``)
+The schema lives in ``sql/schema.sql``. Spans are keyed by (trace_id, span_id), so
+re-ingesting a file changes nothing. Derived tables (``requests``, ``request_stages``)
 are rebuilt by :func:`tracekit.analysis.attribution.per_request.refresh`.
 """
 
@@ -102,16 +102,6 @@ class Store:
         """
         if not rows:
             return 0
-        # The first of repeated keys wins, and keys already stored are skipped below: the
-        # table has no primary key for INSERT OR IGNORE to lean on (sql/schema.sql).
-        seen: set[tuple[Any, Any]] = set()
-        unique = []
-        for row in rows:
-            key = (row[0], row[1])
-            if key not in seen:
-                seen.add(key)
-                unique.append(row)
-        rows = unique
         before = self.span_count()
         self.run("BEGIN")
         try:
@@ -119,9 +109,8 @@ class Store:
             try:
                 select = ", ".join(f"CAST({c} AS {SPAN_TYPES[c]})" for c in SPAN_COLUMNS)
                 self.run(
-                    f"INSERT INTO spans ({', '.join(SPAN_COLUMNS)}) "
-                    f"SELECT {select} FROM _tk_insert s WHERE NOT EXISTS (SELECT 1 FROM spans p "
-                    "WHERE p.trace_id = s.trace_id AND p.span_id = s.span_id)"
+                    f"INSERT OR IGNORE INTO spans ({', '.join(SPAN_COLUMNS)}) "
+                    f"SELECT {select} FROM _tk_insert"
                 )
             finally:
                 self.con.unregister("_tk_insert")

@@ -1,4 +1,4 @@
--- tracekit store schema. One row per (trace_id, span_id) in `spans`; `requests` and `request_stages`
+-- tracekit store schema. One row per span in `spans`; `requests` and `request_stages`
 -- are derived by tracekit.analysis.attribution.per_request.refresh() after each ingest.
 -- IDs are lower-case hex (trace 32 chars, span 16 chars); times are integer nanoseconds.
 
@@ -24,11 +24,8 @@ CREATE TABLE IF NOT EXISTS spans (
     resource_attributes JSON,
     links               JSON,               -- [{"trace_id":..,"span_id":..,"attributes":{..}}]
     source              VARCHAR,            -- "file:line" the span came from
-    trace_state         VARCHAR             -- W3C tracestate as the span carried it (sampling)
-    -- Keyed by (trace_id, span_id) without a PRIMARY KEY: ingest dedupes each batch and
-    -- inserts only keys the table lacks (a hash anti-join), so the key stays unique
-    -- without an index to maintain on every insert and commit. Stores written with the
-    -- key keep it; both layouts are read and written alike.
+    trace_state         VARCHAR,            -- W3C tracestate as the span carried it (sampling)
+    PRIMARY KEY (trace_id, span_id)
 );
 
 -- Stores written before trace_state existed gain the column (NULL for their spans).
