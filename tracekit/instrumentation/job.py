@@ -48,9 +48,7 @@ def _initialised_group() -> JobIdentity | None:
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            return JobIdentity(
-                dist.get_rank(), dist.get_world_size(), _env_int(ENV_LOCAL_RANK, 0)
-            )
+            return JobIdentity(dist.get_rank(), dist.get_world_size(), _env_int(ENV_LOCAL_RANK, 0))
     except Exception as exc:  # a half-torn-down group must not stop training
         _guard.report("training: job identity", exc)
     return None
