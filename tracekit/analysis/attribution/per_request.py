@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import numpy as np
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
-from tracekit.analysis.store import Store, iter_chunks, schema_sql
+from tracekit.analysis.store import DatabaseError, Store, iter_chunks, schema_sql
 from tracekit.errors import QueryError
 
 # Database-client attributes (OTel semantic conventions, old and new names) that mark
@@ -99,7 +98,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
     }
     try:
         cols = store.con.execute(_SPANS_SQL, params).fetchnumpy()
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read spans from {store.path}: {exc}") from exc
     c: dict[str, list[Any]] = {}
     for name, arr in cols.items():
@@ -255,7 +254,7 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
             ).fetchall()
         ]
         cols = store.con.execute(_ARRAYS_SQL, {"stages": stages}).fetchnumpy()
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         raise QueryError(f"cannot read spans from {store.path}: {exc}") from exc
 
     def col(name: str, dtype: Any) -> Any:
@@ -338,7 +337,7 @@ def _clear(store: Store, ids: list[str] | None) -> None:
     try:
         _rebuild_tables(store, {"all": ids is None, "ids": ids or []})
         con.execute("COMMIT")
-    except duckdb.Error as exc:
+    except DatabaseError as exc:
         con.execute("ROLLBACK")
         raise QueryError(f"cannot write attribution to {store.path}: {exc}") from exc
 
@@ -417,7 +416,7 @@ def _write(
                 con.execute(_BULK_REQUESTS_SQL, params)
                 con.execute(_BULK_STAGES_SQL, {"stages": stage_names, "kinds": list(cv.TIME_KINDS)})
             con.execute("COMMIT")
-        except duckdb.Error as exc:
+        except DatabaseError as exc:
             con.execute("ROLLBACK")
             raise QueryError(f"cannot write attribution to {store.path}: {exc}") from exc
     finally:

@@ -15,12 +15,10 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-import duckdb
-
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
 from tracekit.analysis.ingest.rows import STAGE_COLUMNS
-from tracekit.analysis.store import Store
+from tracekit.analysis.store import DatabaseError, Store
 
 BATCH_ROWS = 50_000
 """Python-decoded rows handed to DuckDB at a time."""
@@ -113,7 +111,7 @@ def finalize(
     try:
         run(store, sql("insert_spans"), {"version": version})
         run(store, "COMMIT")
-    except duckdb.Error:
+    except DatabaseError:
         run(store, "ROLLBACK")
         raise
     report.spans_stored = store.span_count() - before
