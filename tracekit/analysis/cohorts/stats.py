@@ -261,6 +261,22 @@ def quantile_deltas(
     qa = weighted_quantiles(a, qs, after_weights)
     rb = window_bootstrap_quantiles(b, qs, before_weights, n_boot=n_boot, rng=rng)
     ra = window_bootstrap_quantiles(a, qs, after_weights, n_boot=n_boot, rng=rng)
+    return deltas_from_replicates(b, a, qs, qb, qa, rb, ra, confidence=confidence)
+
+
+def deltas_from_replicates(
+    before: FloatArray,
+    after: FloatArray,
+    qs: Sequence[float],
+    qb: FloatArray,
+    qa: FloatArray,
+    rb: FloatArray,
+    ra: FloatArray,
+    *,
+    confidence: float,
+) -> list[QuantileDelta]:
+    """One :class:`QuantileDelta` per quantile from the point estimates ``qb``/``qa`` and
+    each release's bootstrap replicates ``rb``/``ra`` (one row per replicate)."""
     diff = ra - rb
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
@@ -283,8 +299,8 @@ def quantile_deltas(
                 rel_delta=rel_delta,
                 rel_ci_low=rlo,
                 rel_ci_high=rhi,
-                before_tail_n=tail_samples(b, float(qb[i])),
-                after_tail_n=tail_samples(a, float(qa[i])),
+                before_tail_n=tail_samples(before, float(qb[i])),
+                after_tail_n=tail_samples(after, float(qa[i])),
                 replicates=d,
                 rel_replicates=r,
             )

@@ -33,7 +33,7 @@ from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import (
     DEFAULT_BOOTSTRAP,
     QuantileDelta,
-    tail_samples,
+    deltas_from_replicates,
     weighted_quantiles,
     window_bootstrap_quantiles,
 )
@@ -132,37 +132,4 @@ def clustered_quantile_deltas(
         rb[:, i] = qb[i] + math.sqrt(db) * (rb[:, i] - qb[i])
         ra[:, i] = qa[i] + math.sqrt(da) * (ra[:, i] - qa[i])
         effects.append((db, da))
-    diff = ra - rb
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
-    alpha = (1.0 - confidence) / 2.0
-    out = []
-    for i, q in enumerate(qs):
-        lo, hi = _interval(diff[:, i], alpha)
-        rlo, rhi = _interval(rel[:, i], alpha)
-        out.append(
-            QuantileDelta(
-                q=float(q),
-                before=float(qb[i]),
-                after=float(qa[i]),
-                delta=float(qa[i] - qb[i]),
-                ci_low=lo,
-                ci_high=hi,
-                rel_delta=float(qa[i] / qb[i] - 1.0) if qb[i] > 0 else float("nan"),
-                rel_ci_low=rlo,
-                rel_ci_high=rhi,
-                before_tail_n=tail_samples(b, float(qb[i])),
-                after_tail_n=tail_samples(a, float(qa[i])),
-                replicates=diff[:, i],
-                rel_replicates=rel[:, i],
-            )
-        )
-    return out, effects
-
-
-def _interval(reps: npt.NDArray[np.float64], alpha: float) -> tuple[float, float]:
-    finite = reps[np.isfinite(reps)]
-    if len(finite) == 0:
-        return float("nan"), float("nan")
-    lo, hi = np.quantile(finite, [alpha, 1.0 - alpha])
-    return float(lo), float(hi)
+    return deltas_from_replicates(b, a, qs, qb, qa, rb, ra, confidence=confidence), effects

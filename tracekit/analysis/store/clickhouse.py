@@ -312,30 +312,6 @@ def open_url(
     return open_snapshot(url, selection)
 
 
-_PULLED = frozenset(
-    {
-        "trace_id",
-        "span_id",
-        "parent_span_id",
-        "name",
-        "kind",
-        "start_ns",
-        "end_ns",
-        "status_code",
-        "service_name",
-        "service_version",
-        "instance_id",
-        "host_name",
-        "stage",
-        "time_kind",
-        "cpu_time_ns",
-        "gpu_time_ns",
-        "sample_weight",
-        "attributes",
-        "resource_attributes",
-        "links",
-        "source",
-        "trace_state",
-    }
-)
-"""Columns the pull produces; a ``spans`` column outside it keeps its default."""
+_PULLED = frozenset((*SPAN_COLUMNS, "trace_state"))
+"""Columns the pull produces (sql/clickhouse_select_spans.sql); a ``spans`` column outside
+it keeps its default."""
