@@ -165,3 +165,109 @@ def test_a_directory_of_small_per_rank_files_stores_what_one_file_does(tmp_path:
         logged = s.run("SELECT sum(spans), count(*) FROM ingest_log")
         assert logged == [(len(b.spans), report.files)]
         assert rows(s) == one
+
+
+# Attribute values as real exporters and hand-written files spell them, odd ones
+# included: each is (value, whether the SQL may map it itself).
+VALUE_CASES: list[tuple[Any, bool]] = [
+    ({"stringValue": "plain"}, True),
+    ({"stringValue": 'quote " backslash \\ tab \t é ✓ \u2028 😀'}, True),
+    ({"stringValue": ""}, True),
+    ({"stringValue": "x" * 4096}, True),
+    ({"stringValue": "x" * 4097}, False),  # truncated, with a problem: Python's job
+    ({"stringValue": 42}, False),
+    ({"stringValue": None, "intValue": "12"}, True),
+    ({"boolValue": True}, True),
+    ({"boolValue": False}, True),
+    ({"boolValue": "true"}, False),
+    ({"intValue": "200"}, True),
+    ({"intValue": 200}, True),
+    ({"intValue": "-9223372036854775808"}, True),
+    ({"intValue": "9223372036854775808"}, False),
+    ({"intValue": "12x"}, False),
+    ({"intValue": 1.5}, False),
+    ({"doubleValue": 2.5}, True),
+    ({"doubleValue": 0.1}, True),
+    ({"doubleValue": 0}, True),
+    ({"doubleValue": -3}, True),
+    ({"doubleValue": 1e-4}, True),
+    ({"doubleValue": 123456789012345.6}, True),
+    ({"doubleValue": 1e16}, False),
+    ({"doubleValue": 1e-5}, False),
+    ({"doubleValue": "2.5"}, False),
+    ({"doubleValue": "NaN"}, False),
+    ({"bytesValue": "AAEC"}, True),
+    ({"arrayValue": {"values": [{"intValue": "1"}]}}, False),
+    ({"kvlistValue": {"values": [{"key": "a", "value": {"boolValue": True}}]}}, False),
+    ({}, True),
+    (None, True),
+    ("not an AnyValue", True),
+]
+
+
+@pytest.mark.parametrize(("value", "fast_path"), VALUE_CASES, ids=lambda v: repr(v)[:40])
+def test_each_kind_of_attribute_value_stores_what_the_python_decoder_stores(
+    tmp_path: Path, value: Any, fast_path: bool
+) -> None:
+    b = build(1)
+    doc = b.to_otlp()
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    span["attributes"].append({"key": "probe", "value": value})
+    path = write_lines(tmp_path / "spans.jsonl", [doc])
+    odd, _ = stage_file(tmp_path, path, threads=1)
+    assert odd == ([] if fast_path else [1])
+    with open_store(tmp_path / "fast.duckdb") as s:
+        ingest_paths(s, [path])
+        assert rows(s) == python_rows(tmp_path, doc)
+
+
+@pytest.mark.parametrize(
+    ("weight", "trace_state", "expected"),
+    [
+        ({"doubleValue": 2.5}, "", 2.5),
+        ({"intValue": "4"}, "ot=th:8", 4.0),
+        ({"boolValue": True}, "", 1.0),
+        ({"stringValue": "3"}, "ot=th:c", 4.0),
+        (None, "ot=th:8", 2.0),
+        (None, "ot=rv:abc;th:0", 1.0),
+        (None, "vendor=x", 1.0),
+    ],
+)
+def test_sample_weight_from_the_attribute_else_the_tracestate(
+    tmp_path: Path, weight: Any, trace_state: str, expected: float
+) -> None:
+    b = build(1)
+    doc = b.to_otlp()
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    span["attributes"] = [a for a in span["attributes"] if a["key"] != cv.SAMPLE_WEIGHT]
+    if weight is not None:
+        span["attributes"].append({"key": cv.SAMPLE_WEIGHT, "value": weight})
+    span["traceState"] = trace_state
+    path = write_lines(tmp_path / "spans.jsonl", [doc])
+    with open_store(tmp_path / "fast.duckdb") as s:
+        ingest_paths(s, [path])
+        got = s.run("SELECT sample_weight FROM spans WHERE span_id = ?", [span["spanId"]])
+        assert got == [(expected,)]
+        assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_repeated_keys_set_the_stage_and_times_from_their_last_value(tmp_path: Path) -> None:
+    b = build(1)
+    doc = b.to_otlp()
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    span["attributes"] += [
+        {"key": cv.CPU_TIME_NS, "value": {"intValue": "7"}},
+        {"key": "other", "value": {"boolValue": True}},
+        {"key": cv.CPU_TIME_NS, "value": {"intValue": "9"}},
+        {"key": cv.GPU_TIME_NS, "value": {"doubleValue": 3.5}},  # not an integer: none
+    ]
+    path = write_lines(tmp_path / "spans.jsonl", [doc])
+    odd, _ = stage_file(tmp_path, path, threads=1)
+    assert odd == []
+    with open_store(tmp_path / "fast.duckdb") as s:
+        ingest_paths(s, [path])
+        got = s.run(
+            "SELECT cpu_time_ns, gpu_time_ns FROM spans WHERE span_id = ?", [span["spanId"]]
+        )
+        assert got == [(9, None)]
+        assert rows(s) == python_rows(tmp_path, doc)

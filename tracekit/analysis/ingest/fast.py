@@ -2,13 +2,14 @@
 
 A Python loop of ``json.loads`` cannot go faster than CPython builds dicts. Here each
 line is decoded by msgspec against typed structs (:class:`_Doc`): ids, names, enums
-and times become Python values in C, while each span's attribute and link lists stay
-raw JSON bytes (``msgspec.Raw``, a slice of the line: no objects are built for them).
-A batch of spans becomes numpy columns, handed to DuckDB without copying row by row,
-and one ``INSERT … SELECT`` (``sql/ingest_otlp_lines.sql``, run on every DuckDB
-thread) turns the raw attribute lists into the stored JSON objects and the stage,
-time-kind, CPU/GPU and weight columns, and flags every span it would not decode
-exactly as the reference decoder (:mod:`tracekit.analysis.ingest.otlp`).
+and times become Python values in C, while each span's attribute list stays raw JSON
+bytes (``msgspec.Raw``, a slice of the line: no objects are built for it — building
+them, and a dict per span, cost more than all the rest of the decoding). A batch of
+spans becomes numpy columns, handed to DuckDB without copying row by row, and one
+``INSERT … SELECT`` (``sql/ingest_otlp_lines.sql``, run on every DuckDB thread) turns
+the raw attribute lists into the stored JSON objects and the stage, time-kind, CPU/GPU
+and weight columns, and flags every span it would not decode exactly as the reference
+decoder (:mod:`tracekit.analysis.ingest.otlp`).
 
 Why msgspec: it is maintained, typed (a line either fits the OTLP schema or is
 handed over whole), several times faster than ``json`` at building exactly the
@@ -44,7 +45,6 @@ from tracekit.analysis.ingest.rows import (
     Origin,
     Resource,
     dumps,
-    sample_weight,
     threshold_weight,
 )
 from tracekit.analysis.store import Store
@@ -58,6 +58,8 @@ TRUNCATED_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 _ABSENT = msgspec.Raw(b"")
 """Default of a nested value (msgspec cannot make ``Raw`` optional)."""
+_EMPTY_LIST = msgspec.Raw(b"[]")
+"""Default of a span's attribute list."""
 
 
 class _AnyValue(msgspec.Struct):
@@ -95,7 +97,7 @@ class _Span(msgspec.Struct):
     startTimeUnixNano: int = 0
     endTimeUnixNano: int = 0
     traceState: str = ""
-    attributes: list[_KeyValue] = []
+    attributes: msgspec.Raw = _EMPTY_LIST
     links: list[_Link] = []
     status: _Status | None = None
 
@@ -195,10 +197,10 @@ class Batch:
                 c["start_ns"] += [s.startTimeUnixNano for s in sp]
                 c["end_ns"] += [s.endTimeUnixNano for s in sp]
                 c["status"] += [s.status.code if s.status else 0 for s in sp]
-                c["trace_state"] += [s.traceState for s in sp]
-                mapped = [_span_attributes(s.attributes, s.traceState) for s in sp]
-                for name, values in zip(_ATTR_COLUMNS, zip(*mapped, strict=True), strict=True):
-                    c[name] += values
+                states = [s.traceState for s in sp]
+                c["trace_state"] += states
+                c["ts_weight"] += [threshold_weight(t) if t else None for t in states]
+                c["attrs"] += [bytes(s.attributes) for s in sp]
                 c["links"] += [_links(s.links) if s.links else "[]" for s in sp]
                 self.scope_len.append(len(sp))
                 self.scope_line.append(lineno)
@@ -221,10 +223,8 @@ class Batch:
             "seq": np.repeat(np.asarray(self.scope_seq0, dtype=np.int64), lens) + within,
         }
         for name, values in self.cols.items():
-            if name == "weight":
-                frame[name] = np.asarray(values, dtype=np.float64)
-            elif name == "odd":
-                frame[name] = np.asarray(values, dtype=bool)
+            if name == "ts_weight":
+                frame[name] = np.asarray([np.nan if v is None else v for v in values])
             elif name in _INT_COLUMNS:
                 try:
                     frame[name] = np.asarray(values, dtype=np.int64)
@@ -250,7 +250,7 @@ class Batch:
             for statement in _sections()["macros"]:
                 staging.run(store, statement)
             for statement in _sections()["stage"]:
-                staging.run(store, statement)
+                staging.run(store, statement, _KEYS)
         finally:
             con.unregister("_tk_cols")
             con.unregister("_tk_res")
@@ -258,7 +258,6 @@ class Batch:
         self.reset()
 
 
-_ATTR_COLUMNS = ("attrs", "stage", "time_kind", "cpu_ns", "gpu_ns", "weight", "odd")
 _COLUMNS = (
     "trace_id",
     "span_id",
@@ -269,19 +268,19 @@ _COLUMNS = (
     "end_ns",
     "status",
     "trace_state",
+    "ts_weight",
+    "attrs",
     "links",
-    *_ATTR_COLUMNS,
 )
 _INT_COLUMNS = frozenset({"kind", "start_ns", "end_ns", "status"})
-_ENCODE = msgspec.json.Encoder().encode
-_STAGE, _TIME_KIND, _CPU, _GPU, _WEIGHT = (
-    cv.STAGE,
-    cv.TIME_KIND,
-    cv.CPU_TIME_NS,
-    cv.GPU_TIME_NS,
-    cv.SAMPLE_WEIGHT,
-)
-_INF = float("inf")
+_KEYS = {
+    "stage_key": cv.STAGE,
+    "kind_key": cv.TIME_KIND,
+    "cpu_key": cv.CPU_TIME_NS,
+    "gpu_key": cv.GPU_TIME_NS,
+    "weight_key": cv.SAMPLE_WEIGHT,
+}
+"""The attributes the stage statement copies into columns of their own."""
 
 
 def _attribute_dict(kvs: list[_KeyValue]) -> tuple[dict[str, Any], bool]:
@@ -311,30 +310,6 @@ def _attribute_dict(kvs: list[_KeyValue]) -> tuple[dict[str, Any], bool]:
                     odd = True
         out[kv.key] = x
     return out, odd
-
-
-def _span_attributes(kvs: list[_KeyValue], trace_state: str) -> tuple[Any, ...]:
-    """(attributes JSON, stage, time kind, CPU ns, GPU ns, weight, odd) of one span."""
-    if not kvs:
-        return b"{}", None, None, None, None, threshold_weight(trace_state) or 1.0, False
-    attrs, odd = _attribute_dict(kvs)
-    stage = attrs.get(_STAGE)
-    kind = attrs.get(_TIME_KIND)
-    weight = attrs.get(_WEIGHT)
-    return (
-        _ENCODE(attrs),
-        stage if type(stage) is str else None,
-        kind if type(kind) is str else None,
-        _int64(attrs.get(_CPU)),
-        _int64(attrs.get(_GPU)),
-        1.0 if weight is None and not trace_state else sample_weight(weight, trace_state),
-        odd,
-    )
-
-
-def _int64(v: Any) -> int | None:
-    # As rows._int_or_none: only real integers (not bools) that fit int64.
-    return v if type(v) is int and -(2**63) <= v < 2**63 else None
 
 
 def _links(links: list[_Link]) -> str | None:

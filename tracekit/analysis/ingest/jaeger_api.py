@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tracekit.analysis.ingest.detect import iter_documents
 from tracekit.errors import IngestError
 from tracekit.units import parse_duration
+
+if TYPE_CHECKING:  # httpx is imported where a pull runs: every command's parser reads
+    import httpx  # DEFAULT_LIMIT, and importing httpx costs ~0.1 s
 
 DEFAULT_LIMIT = 5000
 """Traces pulled per ingest unless --limit says otherwise: a release comparison needs
@@ -120,6 +121,8 @@ def pull_traces(
     seen: set[str] = set()
     at_end = 0  # traces received that start exactly at the window's end: they come again
     api: str | None = None
+    import httpx
+
     with httpx.Client(base_url=base, timeout=timeout, transport=transport) as client:
         while True:
             want = min(page, limit - pull.traces + at_end)
@@ -280,6 +283,8 @@ def _filter(doc: Any, api: str, keep: set[str]) -> None:
 
 
 def _get(client: httpx.Client, base: str, path: str, params: dict[str, str]) -> httpx.Response:
+    import httpx
+
     try:
         return client.get(path, params=params)
     except httpx.HTTPError as exc:
