@@ -413,8 +413,12 @@ def _write(
                 con.execute(_DELETE_SQL.format(table="request_stages"), scope)
                 con.execute(_DELETE_SQL.format(table="requests"), scope)
             if len(req["root_row"]):
-                con.execute(_BULK_REQUESTS_SQL, params)
-                con.execute(_BULK_STAGES_SQL, {"stages": stage_names, "kinds": list(cv.TIME_KINDS)})
+                store.insert_keyed("requests", _BULK_REQUESTS_SQL, params)
+                store.insert_keyed(
+                    "request_stages",
+                    _BULK_STAGES_SQL,
+                    {"stages": stage_names, "kinds": list(cv.TIME_KINDS)},
+                )
             con.execute("COMMIT")
         except DatabaseError as exc:
             con.execute("ROLLBACK")

@@ -109,7 +109,7 @@ def finalize(
     before = store.span_count()
     run(store, "BEGIN")
     try:
-        run(store, sql("insert_spans"), {"version": version})
+        store.insert_keyed("spans", sql("insert_spans"), {"version": version})
         run(store, "COMMIT")
     except DatabaseError:
         run(store, "ROLLBACK")
