@@ -338,7 +338,7 @@ def _clear(store: Store, ids: list[str] | None) -> None:
         _rebuild_tables(store, {"all": ids is None, "ids": ids or []})
         con.execute("COMMIT")
     except DatabaseError as exc:
-        con.execute("ROLLBACK")
+        store.rollback()
         raise QueryError(f"cannot write attribution to {store.path}: {exc}") from exc
 
 
@@ -421,7 +421,7 @@ def _write(
                 )
             con.execute("COMMIT")
         except DatabaseError as exc:
-            con.execute("ROLLBACK")
+            store.rollback()
             raise QueryError(f"cannot write attribution to {store.path}: {exc}") from exc
     finally:
         con.unregister("tk_refresh_requests")

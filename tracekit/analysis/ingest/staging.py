@@ -112,7 +112,7 @@ def finalize(
         store.insert_keyed("spans", sql("insert_spans"), {"version": version})
         run(store, "COMMIT")
     except DatabaseError:
-        run(store, "ROLLBACK")
+        store.rollback()
         raise
     report.spans_stored = store.span_count() - before
 

@@ -146,6 +146,14 @@ class Store:
             raise
         return self.span_count() - before
 
+    def rollback(self) -> None:
+        """Undo the open transaction; nothing to do when a failed COMMIT already ended it."""
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.TransactionException as exc:
+            if "no transaction is active" not in str(exc):
+                raise
+
     def insert_keyed(self, table: str, insert_sql: str, params: Any = None) -> None:
         """Run ``insert_sql`` (an ``INSERT INTO table …``) inside the caller's transaction.
 
