@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                     progress=advance,
                     comm_pattern=args.comm_pattern,
                 )
-        requests = _refresh(store, report.trace_ids)
+        requests = _refresh(store, None if report.every_trace else report.trace_ids)
         if target.is_clickhouse:
             from tracekit.analysis.ingest.clickhouse import write_spans
 
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _refresh(store: Any, trace_ids: list[str]) -> int:
-    """Rebuild ``requests`` and ``request_stages`` for the touched traces."""
+def _refresh(store: Any, trace_ids: list[str] | None) -> int:
+    """Rebuild ``requests`` and ``request_stages`` for the touched traces (None: all)."""
     from tracekit.analysis.attribution import per_request as attribution
 
     return int(attribution.refresh(store, trace_ids).requests)

@@ -77,6 +77,9 @@ class IngestReport:
     skipped: int = 0
     """Lines, traces, spans or files dropped; non-zero makes ``tracekit ingest`` exit 2."""
     trace_ids: list[str] = field(default_factory=list)
+    every_trace: bool = False
+    """The store held no spans before: the touched traces are all of its traces (a
+    refresh can then rebuild everything without naming them)."""
     seconds: float = 0.0
     requests_attributed: int = 0
     """Requests whose attribution was rebuilt, when the caller refreshed it."""

@@ -115,6 +115,7 @@ def finalize(
         store.rollback()
         raise
     report.spans_stored = store.span_count() - before
+    report.every_trace = before == 0
 
     cur = con.execute(sql("orphans"))
     while batch := cur.fetchmany(10_000):
