@@ -147,8 +147,8 @@ SELECT
     CASE WHEN regexp_full_match(v_cpu, '-?[0-9]+') THEN TRY_CAST(v_cpu AS BIGINT) END,
     CASE WHEN regexp_full_match(v_gpu, '-?[0-9]+') THEN TRY_CAST(v_gpu AS BIGINT) END,
     -- rows.sample_weight: the attribute when it is a number, else the tracestate's
-    -- threshold (computed in Python, ts_weight), else 1.
-    coalesce(TRY_CAST(v_weight AS DOUBLE), ts_weight, 1.0),
+    -- threshold (computed in Python, ts_weight; NaN when none), else 1.
+    coalesce(TRY_CAST(v_weight AS DOUBLE), CASE WHEN NOT isnan(ts_weight) THEN ts_weight END, 1.0),
     attrs_json,
     ra_json,
     links,
