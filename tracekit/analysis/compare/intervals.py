@@ -132,6 +132,28 @@ def clustered_quantile_deltas(
     return deltas_from_replicates(b, a, qs, qb, qa, rb, ra, confidence=confidence), effects
 
 
+def release_replicates(
+    values: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    start_ns: npt.NDArray[np.int64],
+    qs: Sequence[float],
+    *,
+    n_boot: int,
+    rng: np.random.Generator,
+    width_s: float = CLUSTER_S,
+) -> tuple[npt.NDArray[np.float64], list[float], int]:
+    """One release's bootstrap replicates (n_boot × len(qs)) of the quantiles of
+    ``values`` (its durations or a stage's column), drawn as
+    :func:`clustered_quantile_deltas` draws them, with each quantile's design effect and
+    the number of arrival windows. For callers that combine replicates themselves (the
+    gate's relative, delta and absolute budgets)."""
+    windows = _Windows(weights, time_clusters(start_ns, width_s))
+    point = weighted_quantiles(values, qs, weights)
+    reps = _replicates(values, qs, point, windows, n_boot, rng)
+    effects = [windows.design_effect(values, float(p)) for p in point]
+    return reps, effects, windows.k
+
+
 MAX_CLUSTER_BOOTSTRAP = 100_000
 """Largest release resampled window by window; above it, the independent bootstrap's
 replicates are spread by the design effect (the same variance, at a fraction of the cost)."""

@@ -67,10 +67,12 @@ from tracekit.analysis.gate.model import (
     Samples,
 )
 from tracekit.analysis.gate.statistics import (
+    BURSTY_EFFECT,
+    CLUSTER_S,
     holm_bounds,
     holm_levels,
+    release_replicates,
     split_counts,
-    window_bootstrap_quantiles,
 )
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
@@ -78,6 +80,8 @@ from tracekit.errors import QueryError, TracekitError
 EXIT_CODES: dict[str, int] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 """Process exit code per overall result (2 is reserved for usage and input errors)."""
 
+BURSTY_TAIL = "bursty_tail"
+"""Warning code when a tested quantile's interval was widened for bursts (as the diff's flag)."""
 MIN_TAIL = MIN_TAIL_SAMPLES
 """Fewest sampled requests at or above a quantile for it to be estimated at all."""
 DEFAULT_BOOTSTRAP = 2000
@@ -122,13 +126,16 @@ def _values(r: ReleaseData, stage: str | None) -> FloatArray:
 
 @dataclass
 class _Metric:
-    """Point quantiles and bootstrap replicates of one metric in both releases."""
+    """Point quantiles and bootstrap replicates of one metric in both releases, with each
+    quantile's design effect per release (1.0 where requests do not come in bursts)."""
 
     qs: list[float]
     before: FloatArray
     after: FloatArray
     boot_before: FloatArray
     boot_after: FloatArray
+    effects_before: list[float]
+    effects_after: list[float]
 
 
 def _bootstrap(
@@ -148,14 +155,63 @@ def _bootstrap(
         # One generator per metric, seeded by (seed, metric index): reproducible, and the
         # latency checks' replicates do not depend on which stage budgets follow them.
         rng = np.random.default_rng([seed, index])
+        # Whole one-second arrival windows are resampled, as the diff's intervals are: a
+        # burst of slow requests is one piece of evidence, not one per request. With
+        # fewer than MIN_CLUSTERS windows this is the independent Poisson bootstrap.
+        rb, eb, _ = release_replicates(
+            xb, before.weights, before.start_ns, qs, n_boot=n_boot, rng=rng
+        )
+        ra, ea, _ = release_replicates(
+            xa, after.weights, after.start_ns, qs, n_boot=n_boot, rng=rng
+        )
         metrics[stage] = _Metric(
             qs,
             weighted_quantiles(xb, qs, before.weights),
             weighted_quantiles(xa, qs, after.weights),
-            window_bootstrap_quantiles(xb, qs, before.weights, n_boot=n_boot, rng=rng),
-            window_bootstrap_quantiles(xa, qs, after.weights, n_boot=n_boot, rng=rng),
+            rb,
+            ra,
+            eb,
+            ea,
         )
     return metrics
+
+
+def bursty_warning(
+    before: ReleaseData,
+    after: ReleaseData,
+    chosen: Sequence[bg.Budget],
+    checks: Sequence[GateCheck],
+    metrics: dict[str | None, _Metric],
+) -> GateWarning | None:
+    """``bursty_tail`` when a tested quantile's requests arrive in bursts (design effect at
+    least the diff's :data:`BURSTY_EFFECT` in either release): its interval was widened."""
+    parts: dict[str, str] = {}
+    for b, c in zip(chosen, checks, strict=True):
+        if c.reason in (FEW_TAIL, ZERO_BASELINE):
+            continue  # not tested: no interval was drawn for it
+        m = metrics[b.stage]
+        j = m.qs.index(c.quantile)
+        effects = (m.effects_before[j], m.effects_after[j])
+        if c.kind == bg.ABSOLUTE:
+            effects = (1.0, effects[1])  # an absolute budget reads only the after release
+        if max(effects) < BURSTY_EFFECT:
+            continue
+        widened = [
+            f"{rel.label} ×{math.sqrt(e):.1f}"
+            for rel, e in zip((before, after), effects, strict=True)
+            if e > 1.0
+        ]
+        key = gate_report.quantile_label(c)
+        parts.setdefault(key, f"{key} ({', '.join(widened)})")
+    if not parts:
+        return None
+    return GateWarning(
+        BURSTY_TAIL,
+        f"requests at or above {'; '.join(parts.values())} arrive in bursts (within "
+        f"{CLUSTER_S:g} s of each other more often than chance): whole one-second windows "
+        "were resampled and the interval is wider accordingly; more load over a longer "
+        "time narrows it.",
+    )
 
 
 def _statistic(b: bg.Budget, m: _Metric, min_effect_ms: float) -> tuple[float, float, FloatArray]:
@@ -282,6 +338,8 @@ def evaluate_gate(
     warnings = tuple(
         GateWarning("coordinated_omission", msg) for msg in coordinated_omission(before, after)
     )
+    bursty = bursty_warning(before, after, chosen, checks, metrics)
+    warnings += (bursty,) if bursty is not None else ()
     warnings += tuple(
         GateWarning(UNWEIGHTED_TAIL_SAMPLING, msg)
         for rel in (before, after)

@@ -1,8 +1,13 @@
-"""Statistics only the gate needs: Holm levels and interval bounds.
+"""Statistics only the gate needs: Holm levels and interval bounds, and where its
+bootstrap replicates come from.
 
-The gate bootstraps more replicates than the diff (its Holm-adjusted tails sit at
-(1 − confidence)/2/m, so it needs about 1/level replicates to resolve them); the
-windowed bootstrap in :mod:`tracekit.analysis.cohorts.stats` keeps that cheap.
+The replicates are drawn as the diff draws its intervals
+(:func:`tracekit.analysis.compare.intervals.release_replicates`): whole one-second
+arrival windows are resampled once a release spans ``MIN_CLUSTERS`` of them, so a burst
+of slow requests counts as one piece of evidence; with fewer windows it is the
+independent windowed bootstrap of :mod:`tracekit.analysis.cohorts.stats`. The gate draws
+more replicates than the diff (its Holm-adjusted tails sit at (1 − confidence)/2/m, so
+it needs about 1/level replicates to resolve them).
 """
 
 from __future__ import annotations
@@ -14,8 +19,19 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit.analysis.cohorts.stats import window_bootstrap_quantiles
+from tracekit.analysis.compare.diff import BURSTY_EFFECT
+from tracekit.analysis.compare.intervals import CLUSTER_S, MIN_CLUSTERS, release_replicates
 
-__all__ = ["holm_bounds", "holm_levels", "split_counts", "window_bootstrap_quantiles"]
+__all__ = [
+    "BURSTY_EFFECT",
+    "CLUSTER_S",
+    "MIN_CLUSTERS",
+    "holm_bounds",
+    "holm_levels",
+    "release_replicates",
+    "split_counts",
+    "window_bootstrap_quantiles",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
