@@ -271,3 +271,29 @@ def test_repeated_keys_set_the_stage_and_times_from_their_last_value(tmp_path: P
         )
         assert got == [(9, None)]
         assert rows(s) == python_rows(tmp_path, doc)
+
+
+def test_a_batch_that_fails_on_its_staging_thread_fails_the_ingest_and_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fast, "BATCH_SPANS", 20)
+    path = build().write_jsonl(tmp_path / "built.jsonl", spans_per_line=7)
+    real = fast._stage
+    calls: list[int] = []
+
+    def fail_second(store: Any, frames: Any) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk full")
+        real(store, frames)
+
+    monkeypatch.setattr(fast, "_stage", fail_second)
+    with open_store(tmp_path / "fast.duckdb") as s:
+        with pytest.raises(RuntimeError, match="disk full"):
+            ingest_paths(s, [path])
+        assert len(calls) >= 2
+        assert s.span_count() == 0
+        # The stage is gone and the connection is free for the next ingest.
+        monkeypatch.setattr(fast, "_stage", real)
+        report = ingest_paths(s, [path])
+        assert report.spans_stored == len(build().spans) and report.skipped == 0

@@ -14,6 +14,7 @@ Ingest does not rebuild ``requests``: the caller runs ``attribution.refresh``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -184,6 +185,10 @@ def _stage_and_store(
         )
         kineto.store_figures(store, reader.kineto, version)
     finally:
+        # A batch still staging on its thread; the error being raised already says
+        # what failed.
+        with contextlib.suppress(Exception):
+            reader.fast_batch.wait(store)
         staging.run(store, staging.sql("drop_stage"))
         staging.run(store, f"SET memory_limit = '{limit}'")
     report.seconds = time.perf_counter() - started

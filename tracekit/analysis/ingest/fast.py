@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from functools import cache
@@ -153,6 +154,7 @@ class Batch:
     """Columns of decoded spans, flushed to ``_tk_stage`` every :data:`BATCH_SPANS`."""
 
     def __init__(self) -> None:
+        self._pending: tuple[threading.Thread, list[BaseException]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -210,9 +212,55 @@ class Batch:
                 seq += len(sp)
                 self.n += len(sp)
 
-    def flush(self, store: Store) -> None:
+    def flush(self, store: Store, *, wait: bool = True) -> None:
+        """Stage the decoded spans; with ``wait=False`` the SQL runs on a thread of its own.
+
+        DuckDB releases the GIL while it maps a batch, so the next batch is decoded in
+        the meantime (the two overlap on a second core). Only one batch is staged at a
+        time, and every other use of the store waits for it (:meth:`wait`).
+        """
         if not self.n:
+            if wait:
+                self.wait(store)
             return
+        frames = self._frames()
+        self.reset()
+        self.wait(store)
+        if wait:
+            _stage(store, frames)
+            return
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                _stage(store, frames)
+            except BaseException as exc:  # re-raised by wait() in the reading thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, name="tracekit-stage", daemon=True)
+        thread.start()
+        self._pending = (thread, failed)
+
+    def wait(self, store: Store) -> None:
+        """Block until a batch staged in the background is in; re-raise its error."""
+        if self._pending is None:
+            return
+        thread, failed = self._pending
+        try:
+            thread.join()
+        except BaseException:
+            # Interrupted (Ctrl-C): stop DuckDB's work before anyone else uses the store.
+            store.con.interrupt()
+            thread.join()
+            raise
+        finally:
+            if not thread.is_alive():
+                self._pending = None
+        if failed:
+            raise failed[0]
+
+    def _frames(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The batch as numpy columns: spans, resources, file names."""
         lens = np.asarray(self.scope_len, dtype=np.int64)
         starts = np.cumsum(lens) - lens
         within = np.arange(self.n, dtype=np.int64) - np.repeat(starts, lens)
@@ -242,20 +290,25 @@ class Batch:
             "file_no": np.asarray([f for f, _ in files], dtype=np.int64),
             "display": _objects([d for _, d in files]),
         }
-        con = store.con
-        con.register("_tk_cols", frame)
-        con.register("_tk_res", resources)
-        con.register("_tk_files", names)
-        try:
-            for statement in _sections()["macros"]:
-                staging.run(store, statement)
-            for statement in _sections()["stage"]:
-                staging.run(store, statement, _KEYS)
-        finally:
-            con.unregister("_tk_cols")
-            con.unregister("_tk_res")
-            con.unregister("_tk_files")
-        self.reset()
+        return frame, resources, names
+
+
+def _stage(store: Store, frames: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
+    """Run the stage statement over one batch's columns."""
+    frame, resources, names = frames
+    con = store.con
+    con.register("_tk_cols", frame)
+    con.register("_tk_res", resources)
+    con.register("_tk_files", names)
+    try:
+        for statement in _sections()["macros"]:
+            staging.run(store, statement)
+        for statement in _sections()["stage"]:
+            staging.run(store, statement, _KEYS)
+    finally:
+        con.unregister("_tk_cols")
+        con.unregister("_tk_res")
+        con.unregister("_tk_files")
 
 
 _COLUMNS = (
@@ -382,7 +435,7 @@ def read_lines(
                 continue
             batch.add_line(doc, lineno, origin)
             if batch.n >= BATCH_SPANS:
-                batch.flush(store)
+                batch.flush(store, wait=False)
     return odd, cut
 
 
