@@ -196,3 +196,27 @@ def test_release_replicates_are_the_draws_the_diff_makes() -> None:
     )
     assert rebuilt == deltas
     assert effects == list(zip(eb, ea, strict=True))
+
+
+@pytest.mark.parametrize("near_se", [8.0, 0.05])
+def test_the_gate_reads_replicates_near_the_rank_exactly(
+    near_se: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gate's faster read of the cluster bootstrap gives the diff's replicates, also
+    # with fractional weights and when most replicates fall outside the slice it reads
+    # (a tiny slice: every such replicate is redone over all requests).
+    from tracekit.analysis.compare import intervals as iv
+
+    monkeypatch.setattr(iv, "_NEAR_SE", near_se)
+    rng = np.random.default_rng(8)
+    n = 4000
+    x = lognormal(rng, n)
+    start_ns = np.sort(rng.uniform(0.0, 40e9, n)).astype(np.int64)
+    x[(start_ns > 10e9) & (start_ns < 11e9)] += 150.0  # a burst
+    w = np.where(rng.random(n) < 0.3, 2.5, 1.0)
+    windows = iv._Windows(w, iv.time_clusters(start_ns))
+    qs = [0.5, 0.95, 0.99]
+    effects = [windows.design_effect(x, float(p)) for p in iv.weighted_quantiles(x, qs, w)]
+    full = iv._window_resample(x, qs, windows, 300, np.random.default_rng(2))
+    near = iv._window_resample_near(x, qs, windows, effects, 300, np.random.default_rng(2))
+    np.testing.assert_allclose(near, full, rtol=0, atol=0)

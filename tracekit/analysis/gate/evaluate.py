@@ -12,7 +12,11 @@ Statistics: quantiles of the raw per-request times (no trimming), weighted by
 ``tracekit.sample.weight``; a Poisson bootstrap of each release (resampled
 independently) gives replicates of the checked statistic — after/before − 1 for
 relative budgets, after − before for delta budgets, the after quantile itself for
-absolute ones. Each check gets two one-sided bootstrap p-values: ``p_fail`` (share of
+absolute ones. As in ``tracekit diff``, whole one-second arrival windows are resampled
+(:mod:`tracekit.analysis.compare.intervals`), so a burst of slow requests that share a
+stalled second is one piece of evidence, not one per request; with fewer windows than
+``MIN_CLUSTERS`` single requests are. A ``bursty_tail`` warning says when that widened
+a tested quantile's interval. Each check gets two one-sided bootstrap p-values: ``p_fail`` (share of
 replicates within the budget; small means "beyond it") and ``p_pass`` (share beyond
 it). Each family is Holm-corrected across the tested checks at level
 (1 − confidence)/2, so with one check the decision is the ordinary two-sided
