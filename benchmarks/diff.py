@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.bubbleup import rank_attributes
-from tracekit.analysis.cohorts.release import load_release
+from tracekit.analysis.cohorts.release import load_releases
 from tracekit.analysis.compare.diff import compute_diff, diff_releases
 from tracekit.analysis.store import Store, open_store
 from tracekit.render.diff import render_json, render_table
@@ -148,8 +148,7 @@ def main() -> None:
     with open_store(path, read_only=True) as store:
         print("parts:")
         t0, c0 = time.perf_counter(), time.process_time()
-        before = timed("load_release v1", load_release, store, "v1")
-        after = timed("load_release v2", load_release, store, "v2")
+        before, after = timed("load_releases v1, v2", load_releases, store, ["v1", "v2"])
         result = timed("compute_diff (bootstrap, counterfactual)", compute_diff, before, after)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         print(

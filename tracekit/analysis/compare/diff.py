@@ -19,7 +19,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
-from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.release import ReleaseData, load_releases
 from tracekit.analysis.cohorts.sampling import (
     UNWEIGHTED_TAIL_SAMPLING,
     estimated_requests,
@@ -355,8 +355,9 @@ def diff_releases(
     Raises :class:`~tracekit.errors.QueryError` naming the releases present when either
     label is unknown.
     """
-    b = load_release(store, before, service=service, route=route)
-    a = load_release(store, after, service=service, route=route)
+    # Both releases in one pass over request_stages: its join on the trace id is the
+    # largest part of a load at a million requests.
+    b, a = load_releases(store, [before, after], service=service, route=route)
     result = compute_diff(b, a, confidence=confidence, seed=seed, jaeger_url=jaeger_url)
     attributes = rank_attributes(
         store, after, result.tail.threshold_after_ms, service=service, route=route
