@@ -178,10 +178,13 @@ def compute_diff(
         q, reason = cf.choose_tail(
             before.duration_ms, before.weights, after.duration_ms, after.weights
         )
+        # Queued behind the intervals, so each thread has about half of the work.
+        after_sampled = pool.submit(unweighted_tail_sampling, after)
         stages = cv.order_stages(set(before.stages) | set(after.stages))
         _, removals = cf.counterfactual_removals(before, after, q, stages)
-        sampled = [unweighted_tail_sampling(rel) for rel in (before, after)]
+        sampled = [unweighted_tail_sampling(before)]
         deltas, effects = intervals.result()
+        sampled.append(after_sampled.result())
     tail_delta = next(d for d in deltas if d.q == q)
     b_mask = before.duration_ms >= tail_delta.before
     a_mask = after.duration_ms >= tail_delta.after
