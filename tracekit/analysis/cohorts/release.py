@@ -74,18 +74,30 @@ _FILTER = """
       AND ($route IS NULL OR r.route = $route OR r.name = $route)
 """
 
+# The replicas of the selection, once each: requests carry an index into this list
+# instead of their own copy of the text (a Python string per request costs ~0.1 µs of
+# CPU, a tenth of the whole request scan).
+_INSTANCES_SQL = f"""
+SELECT list(DISTINCT coalesce(r.instance_id, '') ORDER BY coalesce(r.instance_id, ''))
+FROM requests r
+WHERE {_FILTER}
+"""
+
 # One scan of ``requests`` for every release asked (ordered in numpy); the row id lets the
 # stage rows find their request's row below without a second window over the releases or a
 # join on the sorted selection, and ``part`` says which release a row belongs to.
 _REQUEST_SQL = f"""
 SELECT r.rowid AS rid, (list_position($labels, r.release) - 1)::INTEGER AS part,
        r.trace_id, r.start_ns, r.duration_ns, r.sample_weight, r.is_error,
-       coalesce(r.instance_id, '') AS instance_id,
+       i.instance_code,
        coalesce(r.inflight, 'NaN'::DOUBLE) AS inflight,
        coalesce(r.queue_depth, 'NaN'::DOUBLE) AS queue_depth,
        coalesce(r.cpu_utilization, 'NaN'::DOUBLE) AS cpu_utilization,
        coalesce(r.gpu_utilization, 'NaN'::DOUBLE) AS gpu_utilization
 FROM requests r
+JOIN (SELECT unnest($instances) AS instance_id,
+             (generate_subscripts($instances, 1) - 1)::INTEGER AS instance_code) i
+  ON i.instance_id = coalesce(r.instance_id, '')
 WHERE {_FILTER}
 """
 
@@ -120,7 +132,7 @@ _REQUEST_COLUMNS = (
     "duration_ns",
     "sample_weight",
     "is_error",
-    "instance_id",
+    "instance_code",
     "inflight",
     "queue_depth",
     "cpu_utilization",
@@ -156,7 +168,10 @@ def load_releases(
     # Row ids are positions in the table: nothing writes between these reads (this
     # connection runs them back to back, and DuckDB lets no other process write the file
     # while it is open here).
-    req = con.execute(_REQUEST_SQL, params).fetchnumpy()
+    got_instances = con.execute(_INSTANCES_SQL, params).fetchall()
+    instances = list(got_instances[0][0] or []) if got_instances else []
+    req = con.execute(_REQUEST_SQL, {**params, "instances": instances}).fetchnumpy()
+    instance_names = np.asarray(instances, dtype=object)
     part = np.asarray(req["part"], dtype=np.int64)
     counts = np.bincount(part, minlength=len(unique))
     for label, count in zip(unique, counts, strict=True):
@@ -240,7 +255,7 @@ def load_releases(
             stage_cpu_ms=pick(cpu),
             stage_gpu_ms=pick(gpu),
             time_kinds={st: max(c.items(), key=lambda kv: kv[1])[0] for st, c in seen[p].items()},
-            instance_ids=np.asarray(col["instance_id"], dtype=object),
+            instance_ids=instance_names[np.asarray(col["instance_code"], dtype=np.int64)],
             inflight=np.asarray(col["inflight"], dtype=np.float64),
             queue_depth=np.asarray(col["queue_depth"], dtype=np.float64),
             cpu_utilization=np.asarray(col["cpu_utilization"], dtype=np.float64),
