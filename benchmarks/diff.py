@@ -28,6 +28,7 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts.bubbleup import rank_attributes
 from tracekit.analysis.cohorts.release import load_releases
 from tracekit.analysis.compare.diff import compute_diff, diff_releases
+from tracekit.analysis.gate.evaluate import run_gate
 from tracekit.analysis.store import Store, open_store
 from tracekit.render.diff import render_json, render_table
 
@@ -168,7 +169,13 @@ def main() -> None:
         render_json(result)
         text = render_table(result)
         elapsed = time.perf_counter() - t0
-    print(f"  diff_releases + render             {elapsed:7.3f} s")
+        print(f"  diff_releases + render             {elapsed:7.3f} s")
+        t0, c0 = time.perf_counter(), time.process_time()
+        gate = run_gate(store, "v1", "v2")
+        print(
+            f"  run_gate (default budgets)         {time.perf_counter() - t0:7.3f} s wall, "
+            f"{time.process_time() - c0:.3f} s CPU: {gate.result}"
+        )
     print(text.splitlines()[0])
     top = result.attributes[0] if result.attributes else None
     if top:
