@@ -3,7 +3,8 @@
 Reads the derived tables ``requests`` and ``request_stages`` (filled by
 :func:`tracekit.analysis.attribution.per_request.refresh`) and pivots the per-stage critical-path
 times into a (requests × stages) matrix, so every statistic downstream is vectorised.
-Times are milliseconds (float64), as in every output tracekit writes.
+Times are milliseconds (float64), as in every output tracekit writes. The releases a
+command compares load together (:func:`load_releases`): one scan, one join.
 """
 
 from __future__ import annotations
@@ -160,10 +161,12 @@ def load_releases(
 
     Raises :class:`QueryError` for the first label without requests (naming the releases
     present when it is unknown). The pivot to stage matrices is vectorised, and the
-    releases share one scan of ``requests`` and one join of ``request_stages``: the
-    two releases of a diff at a million requests each load in about 1.5 s of CPU.
+    releases share one scan of ``requests`` and one join of ``request_stages``: two
+    releases of a million requests each load in about 3 s of CPU, 2 s on two cores.
     """
     unique = list(dict.fromkeys(labels))
+    if not unique:
+        return []
     params = {"labels": unique, "service": service, "route": route}
     con = store.con
     # Row ids are positions in the table: nothing writes between these reads (this
