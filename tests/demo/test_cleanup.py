@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,50 @@ def test_demo_flags_are_checked_before_anything_starts(
     assert "--training --regression cache: use one of straggler" in err
     assert err.count("\n") == 1
     assert started_pids == []
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from tracekit.demo.processes import ServiceProcess, child_environment
+p = ServiceProcess("sleeper", "sleeper", Path(sys.argv[1]))
+p.start(child_environment({"PYTHONPATH": sys.argv[2]}), wait=False)
+time.sleep(0.5)
+p.pause()  # frozen, as a release is between its blocks
+print(p.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux (/proc, prctl)")
+def test_a_frozen_service_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # A test runner killed outright (SIGKILL, or SIGTERM without clean-up) runs no
+    # finally blocks: the kernel must take its services down, frozen ones included.
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "sleeper.log"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _state(child) == "T"  # stopped, and alive
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while _state(child) not in ("", "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(child) in ("", "Z"), f"service {child} outlived its parent"
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T, Z, …), or "" when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]

@@ -5,7 +5,8 @@ own process group), with stdout and stderr in a log file. The starter learns the
 from the ``LISTENING`` line and waits for the ``READY`` line; if the process exits or
 stays silent, the error says so and quotes the end of its log. :meth:`stop` sends
 SIGTERM to the group (uvicorn shuts down gracefully and tracekit flushes its spans),
-then SIGKILL if it lingers.
+then SIGKILL if it lingers; on Linux a service also dies with the process that started
+it, however that process ends.
 
 :meth:`pause` and :meth:`resume` freeze and thaw the whole group (SIGSTOP/SIGCONT).
 The demo runs several releases in alternating blocks and freezes the ones not under
@@ -53,6 +54,25 @@ def child_environment(settings: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+# The child asks the kernel to SIGKILL it when this process dies (Linux prctl
+# PR_SET_PDEATHSIG), then execs the service. A parent killed outright (SIGKILL, or a
+# SIGTERM to a test runner that runs no clean-up) would otherwise leave its services
+# behind, and a service frozen with SIGSTOP between blocks could not even act on a
+# SIGTERM. The setting survives exec; the check after it closes the race with a parent
+# that died first. Elsewhere (no prctl) the service starts as it is.
+_LAUNCH = """
+import ctypes, os, signal, sys
+parent, module = int(sys.argv[1]), sys.argv[2]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+except (AttributeError, OSError):
+    pass
+if os.getppid() != parent:
+    sys.exit(1)
+os.execv(sys.executable, [sys.executable, "-m", module])
+"""
+
+
 class ServiceProcess:
     """One running demo service; use :meth:`start`, then :meth:`stop` (idempotent)."""
 
@@ -85,7 +105,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module],
+                [sys.executable, "-c", _LAUNCH, str(os.getpid()), self.module],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
