@@ -272,7 +272,7 @@ class Batch:
         }
         for name, values in self.cols.items():
             if name == "ts_weight":
-                frame[name] = np.asarray([np.nan if v is None else v for v in values])
+                frame[name] = np.asarray(values, dtype=np.float64)  # None reads NaN
             elif name in _INT_COLUMNS:
                 try:
                     frame[name] = np.asarray(values, dtype=np.int64)
