@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,3 +163,81 @@ def _state(proc: ServiceProcess) -> str:
         if state in "RS" and not proc.paused:
             return state
         time.sleep(0.01)
+
+
+class _SlowEnd:
+    """Span exporter whose export (run as the span ends: SimpleSpanProcessor) takes a
+    while, as ending a span does when a busy machine deschedules the event loop; it
+    notes when each server span's end was done."""
+
+    def __init__(self) -> None:
+        self.ended: list[float] = []
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        time.sleep(0.5)
+        self.ended.extend(time.monotonic() for s in spans if s.kind.name == "SERVER")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        return True
+
+
+def _received_vs_span_end(wrap: bool) -> tuple[float, float]:
+    """When a client had the whole response, and when the server span had ended."""
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    exporter = _SlowEnd()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[arg-type]
+    app = FastAPI()
+
+    @app.get("/x")
+    async def x() -> dict[str, int]:
+        return {"ok": 1}
+
+    traced = OpenTelemetryMiddleware(
+        app, tracer_provider=provider, exclude_spans=["receive", "send"]
+    )
+    sock = st.bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(st.SpansBeforeResponse(traced) if wrap else traced, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        response = httpx.get(f"http://127.0.0.1:{port}/x", timeout=10)
+        received = time.monotonic()
+        assert response.json() == {"ok": 1}
+        while not exporter.ended:  # the unwrapped server is still ending its span
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.01)
+        return received, exporter.ended[0]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        provider.shutdown()
+
+
+def test_a_response_arrives_only_after_its_server_span_has_ended() -> None:
+    # The interleaved runs freeze a release the moment its last response arrives: a span
+    # still open then would end a round later, as a request hundreds of ms slower.
+    received, ended = _received_vs_span_end(wrap=True)
+    assert received >= ended
+    # Unwrapped (the control): the response is out half a second before the span ends.
+    received, ended = _received_vs_span_end(wrap=False)
+    assert received < ended
