@@ -28,6 +28,7 @@ from tracekit.demo.settings import (
     announce_ready,
     build_parser,
     configure_tracing,
+    freeze_startup_heap,
     instrument_app,
     parse_settings,
     run_main,
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_tracing(SERVICE_NAME, settings)
+        freeze_startup_heap()
         announce_ready(SERVICE_NAME, settings)
         try:
             yield

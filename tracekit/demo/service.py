@@ -45,6 +45,7 @@ from tracekit.demo.settings import (
     announce_ready,
     build_parser,
     configure_tracing,
+    freeze_startup_heap,
     instrument_app,
     parse_settings,
     run_main,
@@ -226,6 +227,7 @@ def create_app(settings: Settings) -> FastAPI:
         configure_tracing(SERVICE_NAME, settings)
         state.start_contention()
         app.state.ranker = state
+        freeze_startup_heap()
         announce_ready(SERVICE_NAME, settings)
         try:
             yield
