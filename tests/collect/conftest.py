@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analysis.collect import Collector
+from tracekit.collect import Collector
 
 
 @pytest.fixture

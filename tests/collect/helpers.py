@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from tracekit import conventions as cv
-from tracekit.analysis.collect import Collector
+from tracekit.collect import Collector
 from tracekit.testing import TraceBuilder
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tracekit.analysis.collect import Collector
 from tracekit.analysis.store import open_store
+from tracekit.collect import Collector
 
 from .helpers import releases, split_documents
 

@@ -19,9 +19,9 @@ from opentelemetry.trace import SpanKind
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
-from tracekit.analysis.collect import Collector
 from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import open_store
+from tracekit.collect import Collector
 from tracekit.instrumentation.exporters import OTLPJsonFileExporter
 
 from .helpers import post_json, releases, split_documents, url

@@ -13,11 +13,11 @@ from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.cohorts.release import load_release
 from tracekit.analysis.cohorts.stats import bootstrap_quantiles, weighted_quantiles
-from tracekit.analysis.collect import TailSampler, th_adjusted_count
-from tracekit.analysis.collect.sampler import rest_keeps
 from tracekit.analysis.compare.diff import diff_releases
 from tracekit.analysis.ingest import ingest_documents
 from tracekit.analysis.store import Store, open_store
+from tracekit.collect import TailSampler, th_adjusted_count
+from tracekit.collect.sampler import rest_keeps
 
 from .helpers import releases, split_documents
 

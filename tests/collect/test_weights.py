@@ -12,11 +12,11 @@ import pytest
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.cohorts.sampling import UNWEIGHTED_TAIL_SAMPLING
-from tracekit.analysis.collect import TailSampler
 from tracekit.analysis.compare.summary import summarize_release
 from tracekit.analysis.ingest import ingest_documents
 from tracekit.analysis.store import open_store, schema_sql
 from tracekit.cli import main
+from tracekit.collect import TailSampler
 
 from .helpers import releases, split_documents
 

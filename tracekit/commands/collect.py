@@ -80,7 +80,7 @@ def register(sub: Any) -> None:
 
 
 def _policy(args: argparse.Namespace) -> Any:
-    from tracekit.analysis.collect import SamplingPolicy
+    from tracekit.collect import SamplingPolicy
 
     if args.keep_slowest is None and args.sample_rest is None:
         return None
@@ -100,7 +100,7 @@ def _policy(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.collect import Collector
+    from tracekit.collect import Collector
     from tracekit.render.collect import status_line
 
     policy = _policy(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tracekit.analysis.collect import CollectStatus
+    from tracekit.collect import CollectStatus
 
 
 def status_line(status: CollectStatus, *, final: bool = False) -> str:

@@ -18,14 +18,15 @@ from tracekit.analysis.store import Store
 
 def ingest_otlp_payloads(
     store: Store,
-    payloads: Iterable[dict[str, Any]],
+    payloads: Iterable[dict[str, Any] | bytes],
     *,
     source: str,
     version: str | None = None,
 ) -> IngestReport:
     """Store decoded OTLP JSON ``ExportTraceServiceRequest`` payloads and attribute them.
 
-    ``payloads`` are dicts as ``json.loads`` makes them from OTLP/JSON (``resourceSpans``
+    ``payloads`` are OTLP JSON lines (``bytes``: ingest's fast path) or dicts as
+    ``json.loads`` makes them from OTLP/JSON (``resourceSpans``
     at the top; ids as hex strings, as OTLP/JSON writes them; a protobuf request
     converted with hex ids works the same). Spans get exactly the rows
     ``tracekit ingest`` gives the same spans from a file (``trace_state`` and the

@@ -131,20 +131,28 @@ def ingest_documents(
     version: str | None = None,
     strict: bool = False,
 ) -> IngestReport:
-    """Store already-decoded trace documents (OTLP JSON dicts, hex ids) like a file of them.
+    """Store trace documents like a file of them: OTLP JSON dicts (hex ids) or lines.
 
-    The same decoders and staging steps as :func:`ingest_paths`, so a span gives the
+    A document given as ``bytes`` is one OTLP JSON line (what ``tracekit collect``
+    hands over); when all are, they take the fast path a JSON-lines file takes. The same decoders and staging steps as :func:`ingest_paths`, so a span gives the
     same row either way; the N-th document's spans have ``source`` ``SOURCE:N`` where a
     file's would have ``file:line``. Does not refresh attribution (see
     :func:`tracekit.analysis.attribution.payloads.ingest_otlp_payloads`).
     """
     started = time.perf_counter()
+    docs = documents if isinstance(documents, list) else list(documents)
 
     def read(reader: _Reader) -> None:
         origin = Origin(source, 0, reader.log)
         reader.log.current_file = source
-        for number, doc in enumerate(documents, start=1):
-            reader.dispatch(doc, origin, number, whole_file=None)
+        if docs and all(isinstance(d, bytes) for d in docs):
+            reader.memory_lines(docs, origin)
+            return
+        for number, doc in enumerate(docs, start=1):
+            if isinstance(doc, bytes):
+                reader.memory_lines_python([doc], origin, {1}, first=number)
+            else:
+                reader.dispatch(doc, origin, number, whole_file=None)
 
     return _stage_and_store(store, read, [source], version=version, strict=strict, started=started)
 
@@ -223,6 +231,7 @@ class _Reader:
         # the lines they leave to Python are decoded once all are read (:meth:`flush`).
         self.fast_batch = fast.Batch()
         self.fast_files: dict[int, tuple[detect.InputFile, Origin, bool, list[int]]] = {}
+        self.fast_memory: dict[int, tuple[list[bytes], Origin, list[int]]] = {}
 
     def read_file(self, item: detect.InputFile, file_no: int) -> None:
         self.log.current_file = item.display
@@ -274,21 +283,46 @@ class _Reader:
         if cut is not None:
             self._truncated(origin, cut)
 
+    def memory_lines(self, lines: list[bytes], origin: Origin) -> None:
+        """OTLP JSON lines held in memory (a receiver's batch): the fast path, as a file."""
+        odd = fast.read_memory(self.store, self.fast_batch, lines, origin)
+        self.fast_memory[origin.file_no] = (lines, origin, odd)
+
+    def memory_lines_python(
+        self, lines: list[bytes], origin: Origin, wanted: set[int], *, first: int = 1
+    ) -> None:
+        """Decode the ``wanted`` lines (numbered from ``first``) with the reference decoder."""
+        for number in sorted(wanted):
+            try:
+                doc = json.loads(lines[number - first])
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                self.log.add(
+                    origin.at(number), f"invalid JSON ({exc}); skipped", pk.MALFORMED, skipped=1
+                )
+                continue
+            self.dispatch(doc, origin, number, whole_file=None)
+
     def _finish_fast(self) -> None:
         """Stage the shared batch, then decode in Python the lines it could not take."""
         self.fast_batch.flush(self.store)
         files, self.fast_files = self.fast_files, {}
-        if not files:
+        memory, self.fast_memory = self.fast_memory, {}
+        if not files and not memory:
             return
         flagged = fast.take_odd_lines(self.store)
         for file_no, n in fast.staged_counts(self.store).items():
-            if file_no in files:  # others' rows were counted as they were decoded
+            if file_no in files or file_no in memory:  # others' were counted as decoded
                 self.file_spans[file_no] = self.file_spans.get(file_no, 0) + n
         for file_no, (item, origin, gz, odd) in files.items():
             wanted = set(odd) | flagged.get(file_no, set())
             if wanted:
                 self.log.current_file = item.display
                 self._python_lines(item, origin, gz, wanted, report_cut=False)
+        for file_no, (lines, origin, odd) in memory.items():
+            wanted = set(odd) | flagged.get(file_no, set())
+            if wanted:
+                self.log.current_file = origin.display
+                self.memory_lines_python(lines, origin, wanted)
 
     def _truncated(self, origin: Origin, line: int) -> None:
         self.log.add(

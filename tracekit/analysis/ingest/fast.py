@@ -439,6 +439,24 @@ def read_lines(
     return odd, cut
 
 
+def read_memory(store: Store, batch: Batch, lines: list[bytes], origin: Origin) -> list[int]:
+    """Decode OTLP JSON lines held in memory into ``batch``, as :func:`read_lines` a file.
+
+    Lines are numbered from 1; returns those msgspec could not take.
+    """
+    odd: list[int] = []
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            doc = _DECODER.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            odd.append(lineno)
+            continue
+        batch.add_line(doc, lineno, origin)
+        if batch.n >= BATCH_SPANS:
+            batch.flush(store, wait=False)
+    return odd
+
+
 def take_odd_lines(store: Store) -> dict[int, set[int]]:
     """Lines (by file) holding a span the SQL flagged; their rows leave the stage."""
     out: dict[int, set[int]] = {}
