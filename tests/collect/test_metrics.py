@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import tracekit
 from tracekit import conventions as cv
 from tracekit.instrumentation import setup
+from tracekit.instrumentation._recorder import DRAIN_INTERVAL_S
 from tracekit.instrumentation.metrics import PROMETHEUS_SERIES
 
 
@@ -105,6 +106,47 @@ def test_prometheus_endpoint_exports_the_named_series(metrics_port: int) -> None
     inflight = families[PROMETHEUS_SERIES[cv.METRIC_INFLIGHT]]
     assert inflight.type == "gauge" and inflight.samples[0].value == 0
     assert families[PROMETHEUS_SERIES[cv.METRIC_QUEUE_DEPTH]].type == "gauge"
+
+
+def test_a_scrape_counts_every_request_that_completed_before_it(
+    metrics_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No flush before the scrape: the histograms must already hold all 50 requests.
+
+    Stage durations are recorded when the span builder (every 50 ms) hands spans over;
+    the scrape itself builds what has ended. Without that, a scrape right after a burst
+    counted 40 of 50. The builder is slowed to one look every 30 s here, so only the
+    scrape's own drain can make the count whole."""
+    from fastapi import FastAPI
+
+    from tracekit.instrumentation._recorder import RECORDER
+
+    monkeypatch.setattr(RECORDER, "interval_s", 30.0)
+    time.sleep(3 * DRAIN_INTERVAL_S)  # the builder's current 50 ms wait ends; the next is 30 s
+
+    app = FastAPI()
+
+    @app.get("/predict")
+    async def predict() -> dict[str, str]:
+        with tracekit.stage(cv.MODEL_EXECUTE):
+            pass
+        return {}
+
+    tracekit.instrument_fastapi(app)
+    gen = _serve(app)
+    base = next(gen)
+    try:
+        with httpx.Client() as http:
+            for _ in range(50):
+                assert http.get(f"{base}/predict").status_code == 200
+            families = _scrape(metrics_port)  # at once, the server still running
+    finally:
+        next(gen, None)
+    stage = families[PROMETHEUS_SERIES[cv.METRIC_STAGE_DURATION]]
+    counts = [s.value for s in stage.samples if s.name.endswith("_count")]
+    assert counts == [50]
+    request = families[PROMETHEUS_SERIES[cv.METRIC_HTTP_SERVER_DURATION]]
+    assert [s.value for s in request.samples if s.name.endswith("_count")] == [50]
 
 
 def test_the_metrics_port_is_loopback_and_free_after_shutdown() -> None:

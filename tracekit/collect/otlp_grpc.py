@@ -67,8 +67,11 @@ class GrpcReceiver:
             ("grpc.max_connection_idle_ms", int(collector.idle_timeout * 1000)),
             ("grpc.so_reuseport", 0),
         ]
+        self.pool = ThreadPoolExecutor(
+            max_workers=WORKERS, thread_name_prefix="tracekit-collect-grpc"
+        )
         self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="tracekit-collect-grpc"),
+            self.pool,
             options=options,
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
@@ -97,6 +100,7 @@ class GrpcReceiver:
     def stop(self, timeout: float) -> None:
         """Stop accepting; RPCs in flight get ``timeout`` seconds to be answered."""
         self.server.stop(grace=timeout).wait(timeout + 2.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         c = self.collector

@@ -1,8 +1,10 @@
-"""`tracekit collect`: an OTLP/HTTP receiver that writes spans into the store as they come."""
+"""`tracekit collect`: OTLP/HTTP and OTLP/gRPC receivers that write spans into the store."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -12,10 +14,18 @@ from tracekit.commands._common import add_command, add_db
 from tracekit.errors import ConfigError
 
 DESCRIPTION = """\
-Receive spans over OTLP/HTTP (POST /v1/traces, protobuf or JSON, gzip or not) and write
-them into the store in batches, attributing each request as it lands. Any OTel SDK or
-Collector can export here; `tracekit summary`, `diff` and `gate` work on the same store
-while it runs. SIGTERM or Ctrl-C writes everything accepted, then exits.
+Receive spans over OTLP and write them into the store in batches, attributing each
+request as it lands: OTLP/HTTP (POST /v1/traces, protobuf or JSON, gzip or deflate,
+chunked or not) on --port, OTLP/gRPC (TraceService/Export, gzip) on --grpc-port. Any OTel
+SDK (Python, Node, Java, Go, .NET) or Collector can export here with its default exporter;
+`tracekit summary`, `diff` and `gate` work on the same store while it runs. A request is
+acknowledged only once its spans are in the store. SIGTERM or Ctrl-C stops accepting,
+answers what is in flight, writes everything accepted and exits 0 within --drain seconds;
+a second signal exits at once.
+
+Both ports bind 127.0.0.1. To listen beyond loopback give a bearer token
+(--auth-token-file; clients send `Authorization: Bearer TOKEN`) and TLS (--tls-cert,
+--tls-key), or say --insecure. Anyone who can write can claim any release label.
 
 Tail sampling (optional): keep the slowest PCT % of each route and release (over the
 last --window requests) and a FRACTION of the rest, deciding per whole trace after
@@ -23,20 +33,44 @@ last --window requests) and a FRACTION of the rest, deciding per whole trace aft
 unbiased (docs/sampling.md).
 
 examples:
-  tracekit collect                                  # 127.0.0.1:4318 -> tracekit.duckdb
+  tracekit collect                                  # :4318 (HTTP) and :4317 (gRPC) -> tracekit.duckdb
   OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python serve.py
+  OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 node app.js
+  tracekit collect --host 0.0.0.0 --auth-token-file token.txt --tls-cert c.pem --tls-key k.pem
   tracekit collect --db live.duckdb --keep-slowest 5 --sample-rest 0.1 --decision-wait 5
 """
 
 
 def register(sub: Any) -> None:
     parser = add_command(
-        sub, "collect", help="receive OTLP/HTTP spans into the store", description=DESCRIPTION
+        sub,
+        "collect",
+        help="receive OTLP spans (HTTP and gRPC) into the store",
+        description=DESCRIPTION,
     )
     add_db(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address both receivers listen on")
     parser.add_argument(
-        "--port", type=int, default=4318, help="port (4318 is OTLP/HTTP's; 0 picks a free one)"
+        "--port", type=int, default=4318, help="OTLP/HTTP port (4318 is OTLP's; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=4317,
+        help="OTLP/gRPC port (4317 is OTLP's; 0 picks a free one; -1 turns gRPC off)",
+    )
+    security = parser.add_argument_group("who may write")
+    security.add_argument(
+        "--auth-token-file",
+        metavar="FILE",
+        help="require `Authorization: Bearer TOKEN` (TOKEN: the file's first line) on both protocols",
+    )
+    security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    security.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without a token (anyone reaching it can write)",
     )
     sampling = parser.add_argument_group("tail sampling")
     sampling.add_argument(
@@ -72,9 +106,23 @@ def register(sub: Any) -> None:
     limits.add_argument(
         "--flush-interval",
         type=float,
-        default=0.5,
+        default=0.05,
         metavar="SECONDS",
-        help="write a batch at least this often",
+        help="longest a span waits for its batch to start (batches grow while one is written)",
+    )
+    limits.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=20.0,
+        metavar="MIB",
+        help="largest request body, before and after decompression (the OTel Collector's default)",
+    )
+    limits.add_argument(
+        "--drain",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT: longest wait to answer requests in flight and write",
     )
     parser.set_defaults(handler=run)
 
@@ -100,42 +148,99 @@ def _policy(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.collect import Collector
+    from tracekit.collect import Collector, Limits, read_token
     from tracekit.render.collect import status_line
 
     policy = _policy(args)
+    if args.max_body_mib <= 0 or args.drain <= 0:
+        raise ConfigError("--max-body-mib and --drain must be above 0")
+    token = read_token(args.auth_token_file) if args.auth_token_file else None
+    grpc_port = None if args.grpc_port < 0 else args.grpc_port
     try:
         collector = Collector(
             args.db,
             host=args.host,
             port=args.port,
+            grpc_port=grpc_port,
             sampling=policy,
             max_pending_spans=args.max_pending_spans,
             flush_interval=args.flush_interval,
-            on_error=lambda message: print(f"tracekit collect: {message}", file=sys.stderr),
+            limits=Limits(max_body_bytes=int(args.max_body_mib * (1 << 20))),
+            auth_token=token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            insecure=args.insecure,
+            on_error=lambda message: _say(f"tracekit collect: {message}", sys.stderr),
         )
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
+        ports = f"{args.port}" + ("" if grpc_port is None else f" or {grpc_port}")
+        raise ConfigError(
+            f"cannot listen on {args.host}:{ports}: {exc.strerror or exc}; pick free ports "
+            "with --port/--grpc-port (0 picks one) or stop what holds them"
+        ) from exc
     stop = threading.Event()
+    signals = 0
 
     def on_signal(signum: int, frame: Any) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:  # a second signal: at once, whatever is left
+            os._exit(128 + signum)
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         collector.start()
-        print(f"listening on http://{collector.address}/v1/traces -> {args.db}", flush=True)
-        live = sys.stderr.isatty()
+        scheme = "https" if args.tls_cert else "http"
+        where = f"listening on {scheme}://{collector.address}/v1/traces (OTLP/HTTP)"
+        if collector.grpc_address:
+            where += f" and {collector.grpc_address} (OTLP/gRPC)"
+        _say(f"{where} -> {args.db}", sys.stdout)
+        live = _isatty(sys.stderr)
         while not stop.wait(1.0):
             if live:
-                sys.stderr.write("\r\x1b[2K" + status_line(collector.status()))
-                sys.stderr.flush()
+                _say("\r\x1b[2K" + status_line(collector.status()), sys.stderr, end="")
         if live:
-            sys.stderr.write("\r\x1b[2K")
-        print("stopping: writing what was accepted…", file=sys.stderr, flush=True)
-        collector.stop()
+            _say("\r\x1b[2K", sys.stderr, end="")
+        _say("stopping: answering requests in flight, writing what was accepted…", sys.stderr)
+        # Whatever happens to the writer, the process is gone soon after --drain.
+        watchdog = threading.Timer(args.drain + 2.0, lambda: os._exit(1))
+        watchdog.daemon = True
+        watchdog.start()
+        collector.stop(timeout=args.drain)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    print(status_line(collector.status(), final=True), flush=True)
+    status = collector.status()
+    _say(status_line(status, final=True), sys.stdout)
+    if status.pending_spans:
+        _say(
+            f"tracekit collect: {status.pending_spans:,} spans were not written within "
+            f"--drain {args.drain:g} s (they were not acknowledged: clients retry them)",
+            sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (OSError, ValueError):
+        return False
+
+
+def _say(text: str, stream: Any, *, end: str = "\n") -> None:
+    """Write a line; a closed pipe or terminal must not stop the collector from flushing.
+
+    After a failed write the stream is pointed at /dev/null, so neither a later print nor
+    the interpreter's flush at exit raises again (Python's exit code would become 120).
+    """
+    try:
+        stream.write(text + end)
+        stream.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)

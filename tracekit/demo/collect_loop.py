@@ -1,8 +1,8 @@
 """``tracekit demo --collect``: the live loop — spans over OTLP into a running
 ``tracekit collect``, and the ranker's Prometheus endpoint scraped once.
 
-The collector is its own process (``tracekit collect --port 0``), as in production: the
-services export to it over OTLP/HTTP while the demo's analysis later opens the same
+The collector is its own process (``tracekit collect --port 0 --grpc-port 0``), as in
+production: the services export to it over OTLP/HTTP or OTLP/gRPC while the demo's analysis later opens the same
 store. The ranker serves ``configure(metrics="prometheus")`` on a free loopback port
 (set through ``TRACEKIT_METRICS``/``TRACEKIT_METRICS_PORT``); :func:`metrics_lines`
 condenses one scrape to the series ``tracekit autoscale``'s snippets name.
@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -44,16 +45,25 @@ def metrics_env(port: int) -> dict[str, str]:
     return {ENV_METRICS: "prometheus", ENV_METRICS_PORT: str(port)}
 
 
+@dataclass(frozen=True)
+class CollectorUrls:
+    """Where a running ``tracekit collect`` listens: OTLP/HTTP and OTLP/gRPC endpoints."""
+
+    http: str
+    grpc: str
+
+
 @contextlib.contextmanager
-def running_collector(db: Path, log_path: Path) -> Iterator[tuple[str, list[str]]]:
-    """Run ``tracekit collect`` on a free port for the block; yields (endpoint, final lines).
+def running_collector(db: Path, log_path: Path) -> Iterator[tuple[CollectorUrls, list[str]]]:
+    """Run ``tracekit collect`` on free ports for the block; yields (endpoints, final lines).
 
     On the way out it is stopped with SIGTERM, which writes everything it accepted; its
     last status line is appended to the list.
     """
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracekit.cli", "collect", "--db", str(db), "--port", "0"],
+        [sys.executable, "-m", "tracekit.cli", "collect", "--db", str(db)]
+        + ["--port", "0", "--grpc-port", "0"],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -65,8 +75,11 @@ def running_collector(db: Path, log_path: Path) -> Iterator[tuple[str, list[str]
         if not line.startswith("listening on http://"):
             proc.kill()
             raise TracekitError(f"tracekit collect did not start; see {log_path}")
-        url = line.split()[2].removesuffix("/v1/traces")
-        yield url, final
+        # "listening on http://H:P/v1/traces (OTLP/HTTP) and H:P (OTLP/gRPC) -> DB"
+        words = line.split()
+        http = words[2].removesuffix("/v1/traces")
+        grpc = f"http://{words[5]}" if len(words) > 5 and words[4] == "and" else ""
+        yield CollectorUrls(http, grpc), final
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

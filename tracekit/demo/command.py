@@ -119,8 +119,14 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--collect",
         action="store_true",
-        help="send the spans to a `tracekit collect` started for the run (OTLP/HTTP) and "
+        help="send the spans to a `tracekit collect` started for the run and "
         "scrape the ranker's Prometheus metrics once, e.g. tracekit demo --collect",
+    )
+    parser.add_argument(
+        "--collect-protocol",
+        choices=("http", "grpc"),
+        default="http",
+        help="with --collect: export over OTLP/HTTP (protobuf) or OTLP/gRPC",
     )
     parser.add_argument(
         "--keep",
@@ -182,5 +188,6 @@ def run(args: argparse.Namespace) -> int:
             keep=args.keep,
             seed=args.seed,
             collect=args.collect,
+            collect_protocol=args.collect_protocol,
         )
     )

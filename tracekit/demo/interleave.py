@@ -47,9 +47,18 @@ class ReleaseRun:
 
 
 def release_env(
-    label: str, regression: str, seed: int, trace_file: Path, otlp_endpoint: str
+    label: str,
+    regression: str,
+    seed: int,
+    trace_file: Path,
+    otlp_endpoint: str,
+    otlp_protocol: str = "",
 ) -> dict[str, str]:
-    """What a release's service processes read (see :mod:`tracekit.demo.settings`)."""
+    """What a release's service processes read (see :mod:`tracekit.demo.settings`).
+
+    ``otlp_protocol`` ``"grpc"`` makes ``tracekit.configure()`` export over OTLP/gRPC
+    (``OTEL_EXPORTER_OTLP_PROTOCOL``, as any SDK reads it).
+    """
     values = {
         env.ENV_HOST: "127.0.0.1",
         env.ENV_PORT: "0",
@@ -60,6 +69,8 @@ def release_env(
     }
     if otlp_endpoint:
         values[env.ENV_OTLP_ENDPOINT] = otlp_endpoint
+    if otlp_protocol:
+        values[env.ENV_OTLP_PROTOCOL] = otlp_protocol
     return values
 
 
@@ -138,6 +149,7 @@ def start_releases(
     otlp_endpoint: str,
     timeout_s: float,
     ranker_env: Mapping[str, Mapping[str, str]] | None = None,
+    otlp_protocol: str = "",
 ) -> None:
     """Start every release at once and freeze each as soon as it serves.
 
@@ -147,12 +159,16 @@ def start_releases(
     """
     for r in releases:
         remove_stale(r.pricing_file, r.ranker_file)
-        values = release_env(r.label, r.regression, seed, r.pricing_file, otlp_endpoint)
+        values = release_env(
+            r.label, r.regression, seed, r.pricing_file, otlp_endpoint, otlp_protocol
+        )
         r.pricing.start(child_environment(values), wait=False)
     _wait_all([r.pricing for r in releases], timeout_s, on_ready=None)
     by_ranker: dict[int, Release] = {}
     for r in releases:
-        values = release_env(r.label, r.regression, seed, r.ranker_file, otlp_endpoint)
+        values = release_env(
+            r.label, r.regression, seed, r.ranker_file, otlp_endpoint, otlp_protocol
+        )
         values[env.ENV_DOWNSTREAM_URL] = r.pricing.url
         values.update((ranker_env or {}).get(r.label, {}))
         r.ranker.start(child_environment(values), wait=False)
@@ -198,6 +214,7 @@ def run_interleaved(
     start_timeout_s: float = START_TIMEOUT_S,
     ranker_env: Mapping[str, Mapping[str, str]] | None = None,
     before_stop: Callable[[], None] | None = None,
+    otlp_protocol: str = "",
 ) -> list[ReleaseRun]:
     """Serve every ``(label, regression)`` at once and load each for ``duration_s`` in
     alternating blocks of about ``block_s``; returns one run per release, in order.
@@ -225,6 +242,7 @@ def run_interleaved(
                 otlp_endpoint=otlp_endpoint,
                 timeout_s=start_timeout_s,
                 ranker_env=ranker_env,
+                otlp_protocol=otlp_protocol,
             )
         for r in runs:
             console.print(

@@ -68,6 +68,8 @@ class DemoOptions:
     seed: int = 0
     collect: bool = False
     """Send the spans to a ``tracekit collect`` started for the run instead of files."""
+    collect_protocol: str = "http"
+    """``http`` (OTLP/HTTP protobuf) or ``grpc``: how the services export to it."""
 
 
 def stderr_console() -> Console:
@@ -283,15 +285,20 @@ def run_demo(options: DemoOptions) -> int:
             scraped: list[str] = []
             with contextlib.ExitStack() as stack:
                 endpoint, ranker_vars, scrape_v2 = options.otlp_endpoint, None, None
+                protocol = ""
                 if options.collect:
                     from tracekit.demo import collect_loop
 
-                    endpoint, collected = stack.enter_context(
+                    urls, collected = stack.enter_context(
                         collect_loop.running_collector(db, workdir / "collect.log")
                     )
+                    grpc = options.collect_protocol == "grpc"
+                    endpoint = urls.grpc if grpc else urls.http
+                    protocol = "grpc" if grpc else ""
                     port = collect_loop.free_port()
                     ranker_vars = collect_loop.metrics_env(port)
-                    console.print(f"spans go to [bold]tracekit collect[/] at {endpoint}")
+                    shown = "OTLP/gRPC" if grpc else "OTLP/HTTP"
+                    console.print(f"spans go to [bold]tracekit collect[/] at {endpoint} ({shown})")
 
                     def scrape_v2() -> None:
                         scraped.extend(collect_loop.metrics_lines(collect_loop.scrape(port)))
@@ -309,6 +316,7 @@ def run_demo(options: DemoOptions) -> int:
                     # Only v2's ranker serves metrics: both run at once, on one port.
                     ranker_env={AFTER: ranker_vars} if ranker_vars else None,
                     before_stop=scrape_v2,
+                    otlp_protocol=protocol,
                 )
             if options.collect:
                 console.print(collected[-1] if collected else "tracekit collect stopped")

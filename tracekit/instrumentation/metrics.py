@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -38,6 +38,7 @@ from opentelemetry.trace import SpanKind
 from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard, _state
+from tracekit.instrumentation._recorder import RECORDER
 
 MODES = ("prometheus", "otlp")
 DEFAULT_PORT = 9464
@@ -140,6 +141,34 @@ def _observe(read: Any) -> Any:
     return callback
 
 
+SCRAPE_DRAIN_S = 0.2
+"""The longest a scrape waits for the exporters' queues while it builds ended spans."""
+
+
+_Reader = TypeVar("_Reader", bound=MetricReader)
+
+
+def _current(reader: type[_Reader]) -> type[_Reader]:
+    """``reader`` whose every collection first builds the spans that have ended.
+
+    Durations are recorded when the span builder hands a span to
+    :class:`MetricsProcessor`, up to one drain interval after it ended; a scrape taken
+    right after a burst would miss the last requests. Draining the recorder at collect
+    time makes a scrape count every request that completed before it.
+    """
+
+    class Current(reader):  # type: ignore[misc,valid-type]
+        def collect(self, timeout_millis: float = 10_000) -> None:
+            try:
+                RECORDER.drain(SCRAPE_DRAIN_S)
+            except Exception as exc:  # noqa: BLE001 - a scrape never breaks on tracing
+                _guard.report("metrics (building ended spans)", exc)
+            super().collect(timeout_millis=timeout_millis)
+
+    Current.__name__ = Current.__qualname__ = f"Current{reader.__name__}"
+    return Current
+
+
 class Metrics:
     """A running metrics set-up: the meter provider, its reader, the scrape server."""
 
@@ -167,7 +196,7 @@ class Metrics:
                     "configure(metrics='prometheus') needs opentelemetry-exporter-prometheus: "
                     "pip install 'tracekit[metrics]'"
                 ) from exc
-            reader = PrometheusMetricReader()
+            reader = _current(PrometheusMetricReader)()
             try:
                 self._server, self._thread = start_http_server(port, addr=host, registry=REGISTRY)
             except OSError as exc:
@@ -179,7 +208,7 @@ class Metrics:
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
             target = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
-            reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=target))
+            reader = _current(PeriodicExportingMetricReader)(OTLPMetricExporter(endpoint=target))
             self.port = 0
         self.reader = reader
         self.provider = MeterProvider(resource=resource, metric_readers=[reader])

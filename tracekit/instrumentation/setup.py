@@ -47,6 +47,8 @@ ENV_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 ENV_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+ENV_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
+ENV_OTLP_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
 ENV_SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 ENV_TRACES_FILE = "TRACEKIT_TRACES_FILE"
 """Where the file exporter writes when ``path`` is not given."""
@@ -227,6 +229,16 @@ def _check_http_url(url: str, source: str) -> urllib.parse.ParseResult:
     return parsed
 
 
+def otlp_protocol() -> str:
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``, else
+    ``http/protobuf`` (the spec's default), lower-cased."""
+    return (
+        os.environ.get(ENV_OTLP_TRACES_PROTOCOL, "").strip()
+        or os.environ.get(ENV_OTLP_PROTOCOL, "").strip()
+        or "http/protobuf"
+    ).lower()
+
+
 def _grpc_endpoint(endpoint: str | None) -> str:
     if endpoint is None:
         endpoint = (
@@ -271,11 +283,7 @@ def _build(
             else os.environ.get(ENV_TRACES_FILE, DEFAULT_TRACES_FILE)
         )
         return OTLPJsonFileExporter(target), f"file {target}"
-    protocol = (
-        os.environ.get(ENV_OTLP_TRACES_PROTOCOL)
-        or os.environ.get(ENV_OTLP_PROTOCOL)
-        or "http/protobuf"
-    ).strip()
+    protocol = otlp_protocol()
     if spec == "otlp-grpc" or (spec == "otlp" and protocol == "grpc"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
@@ -283,8 +291,21 @@ def _build(
 
         url = _grpc_endpoint(endpoint)
         quiet_repeats("opentelemetry.exporter.otlp.proto.grpc.exporter")
-        insecure = url.startswith("http://")
+        # The exporter spec: an http:// endpoint is plain text, https:// is TLS, and
+        # without a scheme OTEL_EXPORTER_OTLP[_TRACES]_INSECURE decides (default: TLS).
+        if url.startswith(("http://", "https://")):
+            insecure = url.startswith("http://")
+        else:
+            flag = os.environ.get(ENV_OTLP_TRACES_INSECURE) or os.environ.get(ENV_OTLP_INSECURE)
+            insecure = (flag or "").strip().lower() == "true"
         return GrpcExporter(endpoint=url, insecure=insecure, headers=headers), f"OTLP/gRPC {url}"
+    if protocol not in ("http/protobuf", "http/json"):
+        _guard.logger.warning(
+            "tracekit: %s=%r is not grpc, http/protobuf or http/json; exporting over "
+            "http/protobuf",
+            ENV_OTLP_PROTOCOL,
+            protocol,
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
@@ -340,6 +361,9 @@ def configure(
         os.environ.get(ENV_OTLP_ENDPOINT),
         os.environ.get(ENV_OTLP_TRACES_ENDPOINT),
         os.environ.get(ENV_OTLP_PROTOCOL),
+        os.environ.get(ENV_OTLP_TRACES_PROTOCOL),
+        os.environ.get(ENV_OTLP_INSECURE),
+        os.environ.get(ENV_OTLP_TRACES_INSECURE),
         tuple(sorted((headers or {}).items())),
         sample_ratio,
         metrics,

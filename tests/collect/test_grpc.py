@@ -1,0 +1,609 @@
+"""`tracekit collect`'s OTLP/gRPC receiver on loopback: the SDK's gRPC exporter beside the
+file exporter, raw calls and their status codes, backpressure with RetryInfo, bearer
+token, TLS on both protocols, request limits, and stopping with calls in flight."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from tracekit import conventions as cv
+from tracekit.analysis.attribution import per_request
+from tracekit.analysis.ingest import ingest_paths
+from tracekit.analysis.store import open_store
+from tracekit.collect import Collector, Limits
+from tracekit.instrumentation.exporters import OTLPJsonFileExporter
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+TOKEN = "s3cret-token-0123456789"
+CALL_TIMEOUT = 10.0
+
+_ROWS = "SELECT * EXCLUDE (source) FROM spans ORDER BY trace_id, span_id"
+_REQUESTS = "SELECT * FROM requests ORDER BY trace_id"
+_STAGES = "SELECT * FROM request_stages ORDER BY trace_id, stage"
+
+Key = tuple[str, str]
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _collector(db: Path, **kwargs: Any) -> Iterator[Collector]:
+    """A started collector with both receivers on free loopback ports; stopped after."""
+    kwargs.setdefault("flush_interval", 0.05)
+    c = Collector(str(db), port=0, grpc_port=0, **kwargs)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop(timeout=30)
+
+
+def _request(n_spans: int, rng: random.Random) -> tuple[bytes, set[Key]]:
+    """An ExportTraceServiceRequest of one trace: a root and ``n_spans - 1`` children."""
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    for key, value in ((cv.SERVICE_NAME, "ranker"), (cv.SERVICE_VERSION, "v1")):
+        attr = rs.resource.attributes.add()
+        attr.key = key
+        attr.value.string_value = value
+    ss = rs.scope_spans.add()
+    ss.scope.name = "test"
+    trace_id = rng.randbytes(16)
+    root = rng.randbytes(8)
+    start = 1_700_000_000_000_000_000 + rng.randrange(10**12)
+    keys = set()
+    for i in range(n_spans):
+        span = ss.spans.add()
+        span.trace_id = trace_id
+        span.span_id = root if i == 0 else rng.randbytes(8)
+        if i:
+            span.parent_span_id = root
+        span.name = "POST /predict" if i == 0 else f"stage {i}"
+        span.kind = 2 if i == 0 else 1
+        span.start_time_unix_nano = start + i * 1000
+        span.end_time_unix_nano = start + 10_000_000 - i * 1000
+        keys.add((trace_id.hex(), span.span_id.hex()))
+    return request.SerializeToString(), keys
+
+
+def _export(
+    target: str,
+    body: bytes,
+    *,
+    metadata: tuple[tuple[str, str], ...] | None = None,
+    compression: grpc.Compression | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: tuple[tuple[str, Any], ...] = (),
+    timeout: float = CALL_TIMEOUT,
+) -> tuple[grpc.StatusCode, ExportTraceServiceResponse | None, grpc.Call | None]:
+    """One raw Export call on a fresh channel: (code, response when OK, the call)."""
+    if credentials is None:
+        channel = grpc.insecure_channel(target, options=options)
+    else:
+        channel = grpc.secure_channel(target, credentials, options=options)
+    with channel:
+        stub = channel.unary_unary(
+            EXPORT,
+            request_serializer=None,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+        try:
+            response, call = stub.with_call(
+                body, timeout=timeout, metadata=metadata, compression=compression
+            )
+        except grpc.RpcError as exc:
+            return exc.code(), None, exc  # type: ignore[attr-defined,return-value]
+        return call.code(), response, call
+
+
+def _stored(db: Path) -> dict[str, list[Any]]:
+    with open_store(str(db), read_only=True) as store:
+        return {q: store.run(q) for q in (_ROWS, _REQUESTS, _STAGES)}
+
+
+def _stored_keys(db: Path) -> set[Key]:
+    with open_store(str(db), read_only=True) as store:
+        return {(r[0], r[1]) for r in store.run("SELECT trace_id, span_id FROM spans")}
+
+
+def _file_store(db: Path, jsonl: Path) -> dict[str, list[Any]]:
+    with open_store(str(db)) as store:
+        report = ingest_paths(store, [jsonl])
+        per_request.refresh(store, report.trace_ids)
+        return {q: store.run(q) for q in (_ROWS, _REQUESTS, _STAGES)}
+
+
+@contextlib.contextmanager
+def _file_held(db: Path) -> Iterator[Any]:
+    """Another process holds ``db`` read-only (a long `tracekit diff`) until released.
+
+    Yields ``release()``; DuckDB's lock is per process, so the writer cannot open the
+    file meanwhile and accepted spans wait in memory.
+    """
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('held', flush=True); sys.stdin.readline(); c.close()",
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            holder.communicate(input="\n", timeout=30)
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield release
+    finally:
+        if not released:
+            try:
+                release()
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.communicate()
+
+
+def _wait_until(predicate: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1 (cert.pem, key.pem)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    try:
+        from cryptography import x509  # noqa: F401
+    except ImportError:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            pytest.skip("neither the cryptography package nor the openssl CLI is available")
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+            + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+            + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        return cert, key
+    return _self_signed_cryptography(cert, key)
+
+
+def _self_signed_cryptography(cert: Path, key: Path) -> tuple[Path, Path]:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, key
+
+
+def _json_body(rng: random.Random) -> bytes:
+    """One span in OTLP/JSON, for the HTTP side."""
+    span = {
+        "traceId": rng.randbytes(16).hex(),
+        "spanId": rng.randbytes(8).hex(),
+        "name": "GET /",
+        "kind": 2,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000001000000",
+    }
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+# --- 1. the SDK's gRPC exporter -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "compression", [grpc.Compression.Gzip, grpc.Compression.NoCompression], ids=str
+)
+def test_otel_sdk_grpc_exporter_lands_as_the_file_exporter_writes(
+    tmp_path: Path, compression: grpc.Compression
+) -> None:
+    db = tmp_path / "live.duckdb"
+    jsonl = tmp_path / "sdk.jsonl"
+    with _collector(db) as c:
+        exporter = OTLPSpanExporter(
+            endpoint=f"http://{c.grpc_address}",
+            insecure=True,
+            compression=compression,
+            timeout=CALL_TIMEOUT,
+        )
+        provider = TracerProvider(
+            resource=Resource.create({cv.SERVICE_NAME: "ranker", cv.SERVICE_VERSION: "v7"})
+        )
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter(jsonl)))
+        tracer = provider.get_tracer("test", "1.2.3")
+        linked = []
+        for i in range(3):
+            with tracer.start_as_current_span(
+                "POST /predict",
+                kind=SpanKind.SERVER,
+                attributes={cv.HTTP_ROUTE: "/predict"},
+                links=[Link(linked[-1], {"link.why": "follows"})] if linked else (),
+            ) as root:
+                linked.append(root.get_span_context())
+                with tracer.start_as_current_span(
+                    "model",
+                    attributes={
+                        cv.STAGE: cv.MODEL_EXECUTE,
+                        cv.GPU_TIME_NS: 12 + i,
+                        "batch.size": 32,
+                        "score": 0.25 + i,
+                        "cache.hit": i % 2 == 0,
+                        "model.name": "bert",
+                        "features": ["a", "b", f"c{i}"],
+                    },
+                ) as model:
+                    model.add_event("retry", {"attempt": 2, "reason": "timeout"})
+                    if i == 1:
+                        model.set_status(Status(StatusCode.ERROR, "boom"))
+        provider.shutdown()
+    # c.stop() ran: everything acknowledged is written.
+    live = _stored(db)
+    files = _file_store(tmp_path / "files.duckdb", jsonl)
+    assert len(live[_ROWS]) == 6
+    assert live == files
+    assert len(live[_REQUESTS]) == 3
+    assert any("ERROR" in row for row in live[_ROWS])
+    assert sum(1 for row in live[_ROWS] if "follows" in json.dumps(row, default=str)) == 2
+    assert c.status().spans_accepted == 6
+    assert c.status().requests_refused == 0
+
+
+# --- 2. raw calls ---------------------------------------------------------------------
+
+
+def test_raw_calls_get_the_otlp_status_codes(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    with _collector(tmp_path / "live.duckdb") as c:
+        assert c.grpc_address is not None
+        target = c.grpc_address
+
+        code, _, call = _export(target, b"\xff\xff\xff\xff garbage")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert call is not None and "protobuf" in (call.details() or "")
+        # Not retryable: no RetryInfo.
+        assert "google.rpc.retryinfo-bin" not in dict(call.trailing_metadata() or ())
+
+        body, keys = _request(3, rng)
+        request = ExportTraceServiceRequest.FromString(body)
+        spans = request.resource_spans[0].scope_spans[0].spans
+        spans[1].trace_id = b"\x01\x02\x03"
+        bad_key = (spans[0].trace_id.hex(), spans[1].span_id.hex())
+        code, response, _ = _export(target, request.SerializeToString())
+        assert code == grpc.StatusCode.OK
+        assert response is not None
+        assert response.partial_success.rejected_spans == 1
+        assert "traceId is not 16 bytes" in response.partial_success.error_message
+        assert "spans[1]" in response.partial_success.error_message
+
+        code, response, _ = _export(target, b"")
+        assert code == grpc.StatusCode.OK
+        assert response is not None and not response.HasField("partial_success")
+
+        status = c.status()
+        assert status.spans_accepted == 2
+        assert status.spans_rejected == 1
+        assert status.requests_bad == 1
+    assert _stored_keys(tmp_path / "live.duckdb") == keys - {bad_key}
+
+
+# --- 3. backpressure ------------------------------------------------------------------
+
+
+def test_pending_spans_at_their_bound_get_resource_exhausted_with_retry_info(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "live.duckdb"
+    rng = random.Random(3)
+    codes: list[grpc.StatusCode] = []
+    acked: set[Key] = set()
+    refused: set[Key] = set()
+    exhausted: list[grpc.Call] = []
+    retry_metadata: list[dict[str, Any]] = []
+    peak = 0
+    with _collector(db, max_pending_spans=10, ack_timeout=0.5) as c:
+        assert c.grpc_address is not None
+
+        def send() -> grpc.StatusCode:
+            nonlocal peak
+            body, keys = _request(4, rng)
+            code, _, call = _export(c.grpc_address, body)  # type: ignore[arg-type]
+            codes.append(code)
+            if code == grpc.StatusCode.OK:
+                acked.update(keys)
+            else:
+                assert call is not None
+                retry_metadata.append(dict(call.trailing_metadata() or ()))
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    exhausted.append(call)
+                    refused.update(keys)
+            peak = max(peak, c.status().pending_spans)
+            return code
+
+        with _file_held(db) as release:
+            for _ in range(6):
+                send()
+            release()
+        # The reader is gone: the writer catches up, and calls succeed again.
+        _wait_until(lambda: c.status().pending_spans == 0, "the writer to catch up")
+        for _ in range(2):
+            assert send() == grpc.StatusCode.OK
+        refused_requests = c.status().requests_refused
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+    assert set(codes) <= {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+    }
+    assert peak <= 10 + 4
+    assert refused_requests == sum(code != grpc.StatusCode.OK for code in codes)
+    # Every retryable refusal carries RetryInfo both ways, with a 1 s delay.
+    assert len(retry_metadata) == sum(code != grpc.StatusCode.OK for code in codes)
+    for metadata in retry_metadata:
+        status = status_pb2.Status.FromString(metadata["grpc-status-details-bin"])
+        assert status.code in (
+            grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+            grpc.StatusCode.UNAVAILABLE.value[0],
+        )
+        assert len(status.details) == 1
+        info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(info)
+        assert (info.retry_delay.seconds, info.retry_delay.nanos) == (1, 0)
+        direct = error_details_pb2.RetryInfo.FromString(metadata["google.rpc.retryinfo-bin"])
+        assert direct == info
+    for call in exhausted:
+        status = status_pb2.Status.FromString(
+            dict(call.trailing_metadata())["grpc-status-details-bin"]
+        )
+        assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert status.message == call.details()
+    stored = _stored_keys(db)
+    assert acked <= stored
+    assert not refused & stored  # nothing of a RESOURCE_EXHAUSTED request was taken
+
+
+# --- 4. bearer token ------------------------------------------------------------------
+
+
+def test_a_bearer_token_is_required_on_both_protocols(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    with _collector(tmp_path / "live.duckdb", auth_token=TOKEN) as c:
+        assert c.grpc_address is not None
+        body, keys = _request(2, rng)
+        code, _, _ = _export(c.grpc_address, body)
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+        code, _, _ = _export(c.grpc_address, body, metadata=(("authorization", "Bearer wrong"),))
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+        code, response, _ = _export(
+            c.grpc_address, body, metadata=(("authorization", f"Bearer {TOKEN}"),)
+        )
+        assert code == grpc.StatusCode.OK
+        assert response is not None and not response.HasField("partial_success")
+
+        url = f"http://{c.address}/v1/traces"
+        headers = {"Content-Type": "application/json"}
+        with httpx.Client(timeout=CALL_TIMEOUT) as http:
+            r = http.post(url, content=_json_body(rng), headers=headers)
+            assert r.status_code == 401
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            r = http.post(
+                url,
+                content=_json_body(rng),
+                headers={**headers, "Authorization": f"Bearer {TOKEN}"},
+            )
+            assert r.status_code == 200, r.text
+        assert c.status().requests_bad == 3
+    assert keys <= _stored_keys(tmp_path / "live.duckdb")
+
+
+# --- 5. TLS ---------------------------------------------------------------------------
+
+
+def test_tls_on_both_protocols(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    rng = random.Random(5)
+    with _collector(tmp_path / "live.duckdb", tls_cert=cert, tls_key=key) as c:
+        assert c.grpc_address is not None
+        body, keys = _request(2, rng)
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        code, response, _ = _export(
+            c.grpc_address,
+            body,
+            credentials=credentials,
+            options=(("grpc.ssl_target_name_override", "localhost"),),
+        )
+        assert code == grpc.StatusCode.OK
+        assert response is not None
+        # Plain text to the TLS port is no call.
+        code, _, _ = _export(c.grpc_address, body, timeout=5)
+        assert code == grpc.StatusCode.UNAVAILABLE
+
+        context = ssl.create_default_context(cafile=str(cert))
+        r = httpx.post(
+            f"https://{c.address}/v1/traces",
+            content=_json_body(rng),
+            headers={"Content-Type": "application/json"},
+            verify=context,
+            timeout=CALL_TIMEOUT,
+        )
+        assert r.status_code == 200, r.text
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(
+                f"http://{c.address}/v1/traces",
+                content=_json_body(rng),
+                headers={"Content-Type": "application/json"},
+                timeout=5,
+            )
+        assert c.status().spans_accepted == 3
+    assert keys <= _stored_keys(tmp_path / "live.duckdb")
+
+
+# --- 6. limits ------------------------------------------------------------------------
+
+
+def test_a_message_over_the_body_limit_is_refused_by_grpcio(tmp_path: Path) -> None:
+    rng = random.Random(6)
+    with _collector(tmp_path / "live.duckdb", limits=Limits(max_body_bytes=64 << 10)) as c:
+        assert c.grpc_address is not None
+        request = ExportTraceServiceRequest.FromString(_request(1, rng)[0])
+        attr = request.resource_spans[0].scope_spans[0].spans[0].attributes.add()
+        attr.key = "payload"
+        attr.value.string_value = "x" * (100 << 10)
+        big = request.SerializeToString()
+        code, _, call = _export(c.grpc_address, big)
+        # grpcio refuses it before the handler runs (max_receive_message_length).
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert call is not None and "larger than max" in (call.details() or "")
+        # The limit counts decompressed bytes: gzip does not get it through.
+        code, _, _ = _export(c.grpc_address, big, compression=grpc.Compression.Gzip)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Under the limit it is taken.
+        small, keys = _request(2, rng)
+        code, _, _ = _export(c.grpc_address, small, compression=grpc.Compression.Gzip)
+        assert code == grpc.StatusCode.OK
+        assert c.status().spans_received == 2
+    assert _stored_keys(tmp_path / "live.duckdb") == keys
+
+
+def test_millions_of_empty_resource_spans_are_refused_after_the_limit(tmp_path: Path) -> None:
+    """The limit is applied while walking (decode.py's docstring: "refused after
+    ``max_resource_spans`` of them"): refusing 2,000,000 takes about as long as refusing
+    10,001, not 200 times as long."""
+
+    def refuse(n: int) -> float:
+        started = time.perf_counter()
+        code, _, call = _export(c.grpc_address, b"\x0a\x00" * n, timeout=30)  # type: ignore[arg-type]
+        took = time.perf_counter() - started
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert call is not None and "10,000 resourceSpans" in (call.details() or "")
+        return took
+
+    with _collector(tmp_path / "live.duckdb") as c:
+        assert c.grpc_address is not None
+        just_over = min(refuse(10_001) for _ in range(3))
+        bomb = refuse(2_000_000)
+        assert c.status().requests_bad == 4
+        assert c.status().spans_received == 0
+    # Relative, not absolute: 2,000,000 (4 MB) against 10,001 (20 kB) on one machine.
+    assert bomb < 20 * just_over + 0.25, (bomb, just_over)
+
+
+# --- 7. stopping ----------------------------------------------------------------------
+
+
+def test_stop_answers_the_calls_in_flight_and_then_refuses(tmp_path: Path) -> None:
+    db = tmp_path / "live.duckdb"
+    rng = random.Random(7)
+    bodies = [_request(4, rng) for _ in range(6)]
+    results: list[grpc.StatusCode | None] = [None] * len(bodies)
+    c = Collector(str(db), port=0, grpc_port=0, flush_interval=0.05, ack_timeout=20)
+    c.start()
+    assert c.grpc_address is not None
+    target = c.grpc_address
+    stopper = threading.Thread(target=c.stop, kwargs={"timeout": 30})
+    try:
+        with _file_held(db) as release:
+
+            def client(i: int) -> None:
+                results[i] = _export(target, bodies[i][0], timeout=30)[0]
+
+            clients = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+            for t in clients:
+                t.start()
+            # All six are decoded and queued: they wait for the writer, which waits for
+            # the reader to let go of the file.
+            _wait_until(lambda: c.status().pending_spans == 24, "all calls to be queued")
+            stopper.start()
+            _wait_until(lambda: c.stopping, "the collector to be stopping")
+            # A new call once stopping has begun is refused, retryably.
+            code, _, _ = _export(target, _request(1, rng)[0], timeout=5)
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert all(r is None for r in results)  # still in flight
+            release()
+            for t in clients:
+                t.join(40)
+            stopper.join(40)
+            assert not stopper.is_alive()
+    finally:
+        if not stopper.is_alive() and not c.stopping:
+            c.stop(timeout=30)
+    assert results == [grpc.StatusCode.OK] * len(bodies)
+    sent = set().union(*(keys for _, keys in bodies))
+    assert sent <= _stored_keys(db)
+    assert c.status().spans_accepted == 24
+    # After stop the port is closed: connection refused.
+    code, _, call = _export(target, bodies[0][0], timeout=5)
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert call is not None
+    assert "refused" in (call.details() or "").lower() or "connect" in (call.details() or "")
