@@ -3,6 +3,7 @@ subprocesses: DuckDB's file lock is per process)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ def _stored_keys(db: Path) -> set[tuple[str, str]]:
 
 def _start_cli_collector(db: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [*CLI, "collect", "--db", str(db), "--port", "0", *extra],
+        [*CLI, "collect", "--db", str(db), "--port", "0", "--grpc-port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -90,6 +91,54 @@ def test_sigterm_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert "collected:" in out
     assert len(acked) >= 30 * 4
     assert acked <= _stored_keys(db)
+
+
+def test_sigterm_exits_0_after_the_reader_of_its_output_is_gone(tmp_path: Path) -> None:
+    """stdout and stderr on pipes nobody reads any more (a pod's log shipper died): the
+    first SIGTERM still writes what was accepted and exits 0; nothing is left running."""
+    db = tmp_path / "live.duckdb"
+    proc, endpoint = _start_cli_collector(db, "--drain", "5")
+    doc = _docs(3, seed=4)[0]
+    assert httpx.post(endpoint, json=doc, timeout=20).status_code == 200
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert _span_keys(doc) <= _stored_keys(db)
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    """The first SIGTERM waits for the writer (here held back by a reader holding the
+    file); a second one ends the process without waiting."""
+    db = tmp_path / "live.duckdb"
+    proc, endpoint = _start_cli_collector(db, "--drain", "60")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('held', flush=True); time.sleep(60)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with httpx.Client(timeout=2) as http, contextlib.suppress(httpx.HTTPError):
+            http.post(endpoint, json=_docs(2, seed=6)[0])  # accepted, not writable now
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # draining: waits for the file
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        holder.kill()
+        holder.communicate()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def test_overload_gets_429_with_retry_after_and_memory_stays_bounded(tmp_path: Path) -> None:
