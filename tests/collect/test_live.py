@@ -143,7 +143,7 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
 
 def test_overload_gets_429_with_retry_after_and_memory_stays_bounded(tmp_path: Path) -> None:
     db = tmp_path / "live.duckdb"
-    c = Collector(str(db), port=0, max_pending_spans=10, flush_interval=0.05, ack_timeout=0.5)
+    c = Collector(str(db), port=0, max_pending_spans=10, flush_interval=0.05)
     c.start()
     # A reader in another process holds the file, as a long `tracekit diff` would:
     # the writer cannot flush, so accepted spans pile up to their bound.
@@ -221,3 +221,79 @@ def test_analysis_commands_run_while_collect_writes(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert proc.returncode == 0
+
+
+def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """Acknowledged means in the write-ahead log: a collector killed before it wrote the
+    store (a reader held the file) loses nothing; the next one writes it all."""
+    db = tmp_path / "live.duckdb"
+    proc, endpoint = _start_cli_collector(db)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('held', flush=True); sys.stdin.read()",
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    acked: set[tuple[str, str]] = set()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with httpx.Client(timeout=20) as http:
+            for doc in _docs(20, seed=8):
+                if http.post(endpoint, json=doc).status_code == 200:
+                    acked.update(_span_keys(doc))
+        proc.kill()  # SIGKILL: no drain, no clean-up
+        proc.communicate(timeout=30)
+    finally:
+        holder.communicate(input="", timeout=30)
+    assert len(acked) == 2 * 20 * 4  # both releases
+    assert not acked & _stored_keys(db)
+    again, _ = _start_cli_collector(db)
+    again.send_signal(signal.SIGTERM)
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert "replaying 160 spans" in err
+    assert acked <= _stored_keys(db)
+
+
+def test_a_record_torn_by_a_crash_is_skipped_and_the_rest_replayed(tmp_path: Path) -> None:
+    from tracekit.collect.wal import WriteAheadLog, wal_dir_for
+
+    db = tmp_path / "live.duckdb"
+    docs = _docs(3, seed=9)[:3]
+    log = WriteAheadLog(wal_dir_for(db))
+    for doc in docs:
+        log.append(json.dumps(doc).encode(), 4)
+    log._outstanding[log._current] += 1  # keep the segment: as if the process died here
+    log.close()
+    (segment,) = wal_dir_for(db).glob("*.wal")
+    whole = segment.read_bytes()
+    segment.write_bytes(whole[:-10])  # the last record lost its tail mid-write
+    errors: list[str] = []
+    c = Collector(str(db), port=0, flush_interval=0.05, on_error=errors.append)
+    c.start()
+    c.stop()
+    assert c.writer.replayed_spans == 8
+    assert any("torn by a crash" in e for e in errors), errors
+    stored = _stored_keys(db)
+    assert _span_keys(docs[0]) | _span_keys(docs[1]) <= stored
+    assert not _span_keys(docs[2]) & stored
+    assert not list(wal_dir_for(db).glob("*.wal"))
+
+
+def test_a_second_collector_on_the_same_store_is_refused(tmp_path: Path) -> None:
+    from tracekit.errors import ConfigError
+
+    db = tmp_path / "live.duckdb"
+    c = Collector(str(db), port=0)
+    try:
+        with pytest.raises(ConfigError, match="another `tracekit collect` writes this store"):
+            Collector(str(db), port=0)
+    finally:
+        c.stop()
+    Collector(str(db), port=0).stop()  # free again once the first has stopped

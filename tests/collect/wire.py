@@ -146,12 +146,17 @@ class Conn:
     def _exactly(self, n: int, deadline: float) -> bytes:
         while len(self.buf) < n:
             if not self._fill(deadline):
-                raise Closed(f"connection closed {n - len(self.buf)} bytes short of a body", self.buf)
+                raise Closed(
+                    f"connection closed {n - len(self.buf)} bytes short of a body", self.buf
+                )
         out, self.buf = self.buf[:n], self.buf[n:]
         return out
 
-    def read_response(self, timeout: float | None = None) -> Response:
-        """The next response: a 1xx is skipped; :class:`Closed` when none comes."""
+    def read_response(
+        self, timeout: float | None = None, *, informational: bool = False
+    ) -> Response:
+        """The next response (a 1xx is skipped unless ``informational``); :class:`Closed`
+        when none comes."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             if not self.buf and not self._fill(deadline):
@@ -171,6 +176,8 @@ class Conn:
             status = int(parts[1])
             response = Response(status, parts[2] if len(parts) > 2 else "", parts[0], headers, b"")
             if 100 <= status < 200:
+                if informational:
+                    return response
                 continue
             response.body = self._body(response, deadline)
             return response
@@ -356,7 +363,7 @@ def pb_request(spans: Sequence[SpanSpec]) -> ExportTraceServiceRequest:
         if s.parent_span_id:
             span.parent_span_id = bytes.fromhex(s.parent_span_id)
         span.name = s.name
-        span.kind = s.kind  # type: ignore[assignment]
+        span.kind = s.kind
         span.start_time_unix_nano = s.start_ns
         span.end_time_unix_nano = s.end_ns
         for k, v in s.attributes.items():

@@ -35,7 +35,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from tracekit.errors import IngestError
+
+_encode = msgspec.json.Encoder().encode
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -92,13 +96,18 @@ class BadBody(IngestError):
 
 @dataclass
 class Decoded:
-    """One request, decoded: the clean document and what was rejected, with reasons."""
+    """One request, decoded: the clean document and what was rejected, with reasons.
 
-    doc: dict[str, Any]
+    :func:`decode_request` hands it over as ``line`` (the document as one OTLP JSON
+    line, what the writer stores) and drops ``doc`` unless asked to keep it.
+    """
+
+    doc: dict[str, Any] | None
     accepted: int = 0
     rejected: int = 0
     reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     """reason → (spans, place of the first)."""
+    line: bytes = b""
 
     @property
     def message(self) -> str:
@@ -147,6 +156,28 @@ def decompress(body: bytes, encoding: str | None, *, limit: int) -> bytes:
     raise AssertionError("unreachable")
 
 
+def decode_request(
+    body: bytes,
+    content_type: str | None,
+    encoding: str | None,
+    limits: Limits,
+    *,
+    keep_doc: bool = False,
+) -> Decoded:
+    """Decompress and decode one request; the clean document comes back as ``line``.
+
+    What a decoding worker process runs (:mod:`tracekit.collect.pool`): only bytes and
+    small values cross the process boundary.
+    """
+    raw = decompress(body, encoding, limit=limits.max_body_bytes)
+    decoded = decode_body(raw, content_type, limits)
+    if decoded.accepted:
+        decoded.line = _encode(decoded.doc)
+    if not keep_doc:
+        decoded.doc = None
+    return decoded
+
+
 def decode_body(body: bytes, content_type: str | None, limits: Limits) -> Decoded:
     """The clean document of one export request; :class:`BadBody` when it cannot be taken."""
     kind = media_type(content_type)
@@ -179,7 +210,8 @@ def decode_json(body: bytes, limits: Limits) -> Decoded:
     if not isinstance(resource_spans, list):
         raise BadBody("resourceSpans is not a list")
     _check_count("resourceSpans", len(resource_spans), limits.max_resource_spans)
-    out = Decoded({"resourceSpans": []})
+    kept_rs: list[dict[str, Any]] = []
+    out = Decoded({"resourceSpans": kept_rs})
     scopes = spans_seen = 0
     for r, rs in enumerate(resource_spans):
         where_r = f"resourceSpans[{r}]"
@@ -227,7 +259,7 @@ def decode_json(body: bytes, limits: Limits) -> Decoded:
                 clean_scopes.append({"scope": scope, "spans": kept})
                 out.accepted += len(kept)
         if clean_scopes:
-            out.doc["resourceSpans"].append({"resource": resource, "scopeSpans": clean_scopes})
+            kept_rs.append({"resource": resource, "scopeSpans": clean_scopes})
     return out
 
 
@@ -495,12 +527,29 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise BadBody("invalid protobuf: a varint longer than 10 bytes")
 
 
-def _walk(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """The fields of one message: (field number, wire type, value start, value end)."""
+def _walk(
+    buf: bytes,
+    start: int,
+    end: int,
+    budget: _Budget,
+    cap: tuple[int, int, int, str] | None = None,
+) -> list[tuple[int, int, int]]:
+    """The length-delimited fields of one message: (field number, value start, value end).
+
+    Every field walked, kept or not, costs one unit of ``budget`` (a request's walk is
+    bounded whatever fields it holds); ``cap`` = (field, occurrences allowed, what)
+    refuses the request as soon as that field occurs once too often, before the rest of
+    the message is read.
+    """
     out = []
     i = start
+    capped, allowed, limit, what = cap if cap is not None else (0, 0, 0, "")
+    seen = 0
     try:
         while i < end:
+            budget.left -= 1
+            if budget.left < 0:
+                raise BadBody("more fields than an export request within the limits holds")
             tag, i = _varint(buf, i)
             number, wire = tag >> 3, tag & 7
             if wire == 0:
@@ -516,7 +565,14 @@ def _walk(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
                 raise BadBody(f"invalid protobuf: wire type {wire} (field {number})")
             if j > end or number == 0:
                 raise BadBody("invalid protobuf: a field runs past its message (truncated?)")
-            out.append((number, wire, i, j))
+            if wire == _LEN:
+                if number == capped:
+                    seen += 1
+                    if seen > allowed:
+                        raise BadBody(
+                            f"the request holds more than {limit:,} {what} (the limit); split it"
+                        )
+                out.append((number, i, j))
             i = j
     except IndexError:
         raise BadBody("invalid protobuf: the body ends inside a field (truncated?)") from None
@@ -560,26 +616,41 @@ def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-    out = Decoded({"resourceSpans": []})
-    top = _walk(body, 0, len(body))
-    resource_spans = [(a, b) for n, w, a, b in top if n == 1 and w == _LEN]
-    _check_count("resourceSpans", len(resource_spans), limits.max_resource_spans)
-    # Counting first: nothing is parsed until the request's shape is within its limits.
+    kept_rs: list[dict[str, Any]] = []
+    out = Decoded({"resourceSpans": kept_rs})
+    # Counting first: nothing is parsed until the request's shape is within its limits,
+    # and the walk stops at the first count over one.
+    walk = _Budget(limits.max_resource_spans + limits.max_scope_spans + limits.max_spans + 4096)
+    top = _walk(
+        body,
+        0,
+        len(body),
+        walk,
+        (1, limits.max_resource_spans, limits.max_resource_spans, "resourceSpans"),
+    )
     shaped = []
     scopes = spans_seen = 0
-    for a, b in resource_spans:
-        fields = _walk(body, a, b)
-        res = [(x, y) for n, w, x, y in fields if n == 1 and w == _LEN]
+    for n, a, b in top:
+        if n != 1:
+            continue
+        fields = _walk(
+            body,
+            a,
+            b,
+            walk,
+            (2, limits.max_scope_spans - scopes, limits.max_scope_spans, "scopeSpans"),
+        )
+        res = [(x, y) for m, x, y in fields if m == 1]
         scope_spans = []
-        for n, w, x, y in fields:
-            if n == 2 and w == _LEN:
+        for m, x, y in fields:
+            if m == 2:
                 scopes += 1
-                _check_count("scopeSpans", scopes, limits.max_scope_spans)
-                inner = _walk(body, x, y)
-                spans = [(p, q) for m, v, p, q in inner if m == 2 and v == _LEN]
+                inner = _walk(
+                    body, x, y, walk, (2, limits.max_spans - spans_seen, limits.max_spans, "spans")
+                )
+                spans = [(p, q) for k, p, q in inner if k == 2]
                 spans_seen += len(spans)
-                _check_count("spans", spans_seen, limits.max_spans)
-                scope_slices = [(p, q) for m, v, p, q in inner if m == 1 and v == _LEN]
+                scope_slices = [(p, q) for k, p, q in inner if k == 1]
                 scope_spans.append((scope_slices, spans))
         shaped.append((res, scope_spans))
     span_limits = {9: limits.max_attributes, 11: limits.max_events, 13: limits.max_links}
@@ -637,9 +708,7 @@ def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
                 clean_scopes.append({"scope": scope, "spans": kept})
                 out.accepted += len(kept)
         if clean_scopes:
-            out.doc["resourceSpans"].append(
-                {"resource": {"attributes": res_attrs}, "scopeSpans": clean_scopes}
-            )
+            kept_rs.append({"resource": {"attributes": res_attrs}, "scopeSpans": clean_scopes})
     return out
 
 

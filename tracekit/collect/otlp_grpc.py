@@ -28,7 +28,6 @@ from tracekit.collect.outcome import (
     BAD,
     BUSY,
     OK,
-    PENDING,
     RETRY_AFTER_S,
     UNAVAILABLE,
     Outcome,
@@ -111,11 +110,6 @@ class GrpcReceiver:
                 grpc.StatusCode.UNAUTHENTICATED, "a valid authorization: Bearer token is required"
             )
         outcome = c.receive(request, decode.PROTOBUF, None)
-        if outcome.kind == PENDING:
-            assert outcome.ticket is not None
-            remaining = context.time_remaining()
-            wait = c.ack_timeout if remaining is None else max(0.0, min(c.ack_timeout, remaining))
-            outcome = c.settle(outcome, timed_out=not outcome.ticket.done.wait(wait))
         if outcome.kind == OK:
             return _success(outcome)
         context.abort_with_status(_abort(outcome))

@@ -5,12 +5,12 @@ bodies (Node's and Java's OkHttp exporters stream every body), and a well-formed
 a request line or header h11 cannot parse (``Content-Length: -1``, ``: abc``). On top:
 
 * a connection must send its request headers within ``idle_timeout`` of opening (or of
-  its last response), and each chunk of body within ``body_timeout`` (408 otherwise):
-  an idle or slow client holds a socket for a bounded time, and no thread at all;
+  its last response), and its whole body within ``body_timeout`` of them (408
+  otherwise): an idle or slow client holds a socket for a bounded time, and no thread;
 * the body is read in chunks up to the body limit (413 as soon as it is passed, declared
   or not) and counted against ``max_buffered_bytes`` across requests (429 past it);
-* decoding runs on ``decode_workers`` threads, off the event loop; the answer waits for
-  the writer's ticket without holding a thread;
+* decoding (in worker processes) and the append to the write-ahead log run on handler
+  threads, off the event loop;
 * a request whose body did not fully arrive is never answered with success.
 """
 
@@ -30,7 +30,6 @@ from tracekit.collect.outcome import (
     BAD,
     BUSY,
     OK,
-    PENDING,
     RETRY_AFTER_S,
     UNAVAILABLE,
     Outcome,
@@ -39,6 +38,9 @@ from tracekit.collect.outcome import (
 
 TRACES_PATH = "/v1/traces"
 MAX_HEADER_BYTES = 64 << 10
+HANDLER_THREADS = 16
+"""Threads that hand bodies to the decoding workers and append to the log (mostly waiting:
+several at once let one log sync cover several requests)."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,6 +95,27 @@ def _protocol_class(header_timeout: float) -> type[asyncio.Protocol]:
     return Protocol
 
 
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, closing at shutdown the connections its grace period left.
+
+        At the end of its graceful shutdown uvicorn cancels the requests still running
+        but leaves their sockets open (a client that never reads its response would
+        keep one until the process exits)."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is not None and not transport.is_closing():
+                    transport.abort()
+            await asyncio.sleep(0)
+
+    return Server
+
+
 class HttpReceiver:
     """The uvicorn server on its own thread and event loop."""
 
@@ -114,7 +137,7 @@ class HttpReceiver:
         shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
         self.address = f"{shown}:{self.port}"
         self.pool = ThreadPoolExecutor(
-            max_workers=collector.decode_workers, thread_name_prefix="tracekit-collect-decode"
+            max_workers=HANDLER_THREADS, thread_name_prefix="tracekit-collect-http"
         )
         sec = collector.security
         self.scheme = "https" if sec.tls_cert else "http"
@@ -134,7 +157,7 @@ class HttpReceiver:
             server_header=False,
             date_header=False,
         )
-        self.server = uvicorn.Server(self.config)
+        self.server = _server_class()(self.config)
         self.thread = threading.Thread(
             target=self._serve, name="tracekit-collect-http", daemon=True
         )
@@ -157,7 +180,8 @@ class HttpReceiver:
         """Stop accepting; requests in flight get ``timeout`` seconds to be answered."""
         self.config.timeout_graceful_shutdown = max(1, int(timeout))
         self.server.should_exit = True
-        self.thread.join(timeout + 2.0)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout + 2.0)
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.close()
 
@@ -223,8 +247,6 @@ class OtlpHttpApp:
             outcome = c.refuse(UNAVAILABLE, "collector stopping; retry", 503)
         finally:
             c.release_body(len(body))
-        if outcome.kind == PENDING:
-            outcome = await _settle(c, outcome)
         await _send(send, _frame(outcome, kind), close=c.stopping)
 
     async def _read_body(self, receive: Receive, limit: int) -> tuple[bytes | None, Outcome | None]:
@@ -232,10 +254,12 @@ class OtlpHttpApp:
         c = self.collector
         chunks: list[bytes] = []
         size = reserved = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + c.body_timeout  # for the whole body: a trickle ends too
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(receive(), c.body_timeout)
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
                 except TimeoutError:
                     return None, c.refuse(BAD, "body timeout", 408)
                 if message["type"] == "http.disconnect":
@@ -257,29 +281,6 @@ class OtlpHttpApp:
         finally:
             if reserved:
                 c.release_body(reserved)
-
-
-async def _settle(c: Receiving, outcome: Outcome) -> Outcome:
-    """Wait for the writer's ticket on the event loop (no thread held)."""
-    ticket = outcome.ticket
-    assert ticket is not None
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def resolve() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def wake(_: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(resolve)
-
-    ticket.on_done(wake)
-    try:
-        await asyncio.wait_for(asyncio.shield(done), c.ack_timeout)
-    except TimeoutError:
-        return c.settle(outcome, timed_out=True)
-    return c.settle(outcome)
 
 
 class _Answer:

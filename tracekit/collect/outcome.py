@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Protocol
 
 from tracekit.collect.decode import Limits
-from tracekit.collect.writer import Ticket
 
 RETRY_AFTER_S = 1
 """Seconds a client is asked to wait after a retryable refusal (the OTLP exporters honour it)."""
 
 OK = "ok"
-PENDING = "pending"
 BAD = "bad"
 """Rejected whole and not retryable (the body, its limits or its credentials)."""
 BUSY = "busy"
@@ -37,7 +35,6 @@ class Outcome:
     accepted: int = 0
     rejected: int = 0
     http_status: int = 200
-    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True)
@@ -64,14 +61,11 @@ class Receiving(Protocol):
     decode_workers: int
     idle_timeout: float
     body_timeout: float
-    ack_timeout: float
 
     @property
     def stopping(self) -> bool: ...
 
     def receive(self, body: bytes, content_type: str | None, encoding: str | None) -> Outcome: ...
-
-    def settle(self, outcome: Outcome, *, timed_out: bool = False) -> Outcome: ...
 
     def refuse(self, kind: str, message: str, http_status: int) -> Outcome: ...
 

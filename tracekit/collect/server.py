@@ -5,14 +5,15 @@ decoding slots, the tail sampler and the :class:`~tracekit.collect.writer.BatchW
 and answers each export request with an :class:`Outcome`; :mod:`.otlp_http` and
 :mod:`.otlp_grpc` only frame it. The rules, the same on both protocols:
 
-* success only once the spans are committed to the store (with the tail sampler: once
-  it holds them); ``partial_success`` counts the spans rejected, with each reason and the
-  place of its first span;
+* success only once the spans are in the write-ahead log, synced to disk (with the tail
+  sampler: once it holds them); the store is written behind it (:mod:`.writer`), and
+  what the log holds survives a crash; ``partial_success`` counts the spans rejected,
+  with each reason and the place of its first span;
 * a body that cannot be read or decoded, or breaks a request-wide limit: rejected whole,
   not retryable (HTTP 400/413/415, gRPC ``INVALID_ARGUMENT``);
 * pending spans at their memory bound: retryable (HTTP 429 + ``Retry-After``, gRPC
-  ``RESOURCE_EXHAUSTED`` with ``RetryInfo``); the store not written in time, or the
-  collector stopping: retryable (HTTP 503 + ``Retry-After``, gRPC ``UNAVAILABLE``);
+  ``RESOURCE_EXHAUSTED`` with ``RetryInfo``); the collector stopping or its log not
+  writable: retryable (HTTP 503 + ``Retry-After``, gRPC ``UNAVAILABLE``);
 * nothing of a refused request was acknowledged.
 
 Security: both receivers bind 127.0.0.1 unless told otherwise. Listening beyond loopback
@@ -33,17 +34,12 @@ from pathlib import Path
 
 from tracekit.collect import decode
 from tracekit.collect.decode import Limits
-from tracekit.collect.outcome import (
-    BAD,
-    BUSY,
-    OK,
-    PENDING,
-    UNAVAILABLE,
-    Outcome,
-    Security,
-)
+from tracekit.collect.outcome import BAD, BUSY, OK, UNAVAILABLE, Outcome, Security
+from tracekit.collect.pool import PoolBroken, default_workers, shared_pool
 from tracekit.collect.sampler import SamplerFull, SamplerStats, TailSampler
-from tracekit.collect.writer import Backpressure, BatchWriter, FlushStats
+from tracekit.collect.store_worker import FlushStats
+from tracekit.collect.wal import WriteAheadLog, wal_dir_for
+from tracekit.collect.writer import Backpressure, BatchWriter, Unavailable
 from tracekit.errors import ConfigError
 
 
@@ -104,7 +100,9 @@ class Collector:
     """``tracekit collect`` as a library: start, watch :meth:`status`, :meth:`stop`.
 
     ``port`` serves OTLP/HTTP; ``grpc_port`` OTLP/gRPC (None: no gRPC receiver — the CLI
-    passes 4317). Port 0 picks a free port; :attr:`address` and :attr:`grpc_address` say
+    passes 4317). ``decode_workers`` processes decode request bodies (None: one per core,
+    at most 4; 0: in the receiving thread). ``wal_dir`` holds the write-ahead log
+    (default ``DB.collect-wal``); ``sync=False`` skips its fsync (tests, benchmarks). Port 0 picks a free port; :attr:`address` and :attr:`grpc_address` say
     which.
     """
 
@@ -117,13 +115,14 @@ class Collector:
         grpc_port: int | None = None,
         sampling: SamplingPolicy | None = None,
         max_pending_spans: int = 200_000,
-        batch_spans: int = 20_000,
-        flush_interval: float = 0.05,
+        batch_spans: int = 100_000,
+        flush_interval: float = 0.2,
         limits: Limits | None = None,
-        ack_timeout: float = 8.0,
+        wal_dir: str | Path | None = None,
+        sync: bool = True,
         idle_timeout: float = 30.0,
         body_timeout: float = 30.0,
-        decode_workers: int = 4,
+        decode_workers: int | None = None,
         max_buffered_bytes: int = 256 << 20,
         auth_token: str | None = None,
         tls_cert: str | Path | None = None,
@@ -144,7 +143,6 @@ class Collector:
                 raise ConfigError(f"TLS file {tls_file} does not exist")
         self.limits = limits or Limits()
         self.max_body_bytes = self.limits.max_body_bytes
-        self.ack_timeout = ack_timeout
         self.idle_timeout = idle_timeout
         self.body_timeout = body_timeout
         self.max_buffered_bytes = max_buffered_bytes
@@ -161,10 +159,14 @@ class Collector:
         self._errors: list[str] = []
         self._on_error = on_error
         self._inflight = 0
-        self._decode_slots = threading.BoundedSemaphore(decode_workers)
-        self.decode_workers = decode_workers
+        self.decode_workers = default_workers() if decode_workers is None else decode_workers
+        # Requests decoding at once: the workers busy and as many queued behind them.
+        self._decode_slots = threading.BoundedSemaphore(2 * max(1, self.decode_workers))
+        self._pool = shared_pool(self.decode_workers) if self.decode_workers > 0 else None
+        self.wal = WriteAheadLog(Path(wal_dir) if wal_dir else wal_dir_for(db), fsync=sync)
         self.writer = BatchWriter(
             db,
+            self.wal,
             max_pending_spans=max_pending_spans,
             batch_spans=batch_spans,
             flush_interval=flush_interval,
@@ -183,11 +185,17 @@ class Collector:
             )
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        self.written_all = True
+        """After :meth:`stop`: False when the drain ran out of time (the log keeps the rest)."""
         self._threads: list[threading.Thread] = []
         # Bind both ports now, so a busy port is an error of the constructor.
         from tracekit.collect.otlp_http import HttpReceiver
 
-        self.http = HttpReceiver(self, host, port)
+        try:
+            self.http = HttpReceiver(self, host, port)
+        except BaseException:
+            self.wal.close()
+            raise
         self.grpc = None
         if grpc_port is not None:
             from tracekit.collect.otlp_grpc import GrpcReceiver
@@ -196,6 +204,7 @@ class Collector:
                 self.grpc = GrpcReceiver(self, host, grpc_port)
             except BaseException:
                 self.http.close()
+                self.wal.close()
                 raise
         self.address = self.http.address
         self.grpc_address = self.grpc.address if self.grpc is not None else None
@@ -214,6 +223,8 @@ class Collector:
         return self._stop.is_set()
 
     def start(self) -> None:
+        if self._pool is not None:
+            self._pool.warm()
         self.writer.start()
         self.http.start()
         if self.grpc is not None:
@@ -251,7 +262,7 @@ class Collector:
             t.join(max(0.0, deadline - time.monotonic()))
         if self.sampler is not None:
             self.sampler.decide_due(everything=True)
-        self.writer.close(max(0.1, deadline - time.monotonic()))
+        self.written_all = self.writer.close(max(0.1, deadline - time.monotonic()))
         self._stopped.set()
 
     def status(self) -> CollectStatus:
@@ -303,41 +314,31 @@ class Collector:
         return Outcome(kind, message, http_status=http_status)
 
     def receive(self, body: bytes, content_type: str | None, encoding: str | None) -> Outcome:
-        """Decode one export request and hand its spans over; blocks (a worker thread).
-
-        PENDING carries the writer's ticket: the receiver waits for it (asynchronously
-        or not) and then calls :meth:`settle`.
-        """
+        """Decode one export request and hand its spans over; blocks (a worker thread)."""
         if self._stop.is_set():
             return self.refuse(UNAVAILABLE, "collector stopping; retry", 503)
         with self._lock:
             self._inflight += 1
         try:
+            keep_doc = self.sampler is not None
             with self._decode_slots:
                 try:
-                    raw = decode.decompress(body, encoding, limit=self.limits.max_body_bytes)
-                    decoded = decode.decode_body(raw, content_type, self.limits)
+                    if self._pool is None:
+                        decoded = decode.decode_request(
+                            body, content_type, encoding, self.limits, keep_doc=keep_doc
+                        )
+                    else:
+                        decoded = self._pool.decode(
+                            body, content_type, encoding, self.limits, keep_doc=keep_doc
+                        )
                 except decode.BadBody as exc:
                     return self.refuse(BAD, exc.reason, exc.status)
+                except PoolBroken as exc:
+                    return self.refuse(UNAVAILABLE, str(exc), 503)
             return self._hand_over(decoded)
         finally:
             with self._lock:
                 self._inflight -= 1
-
-    def settle(self, outcome: Outcome, *, timed_out: bool = False) -> Outcome:
-        """The final answer for a PENDING outcome once its ticket is done (or timed out)."""
-        ticket = outcome.ticket
-        assert ticket is not None
-        if timed_out or not ticket.done.is_set():
-            # Still queued: it will most likely be written, and the client's retry is
-            # then deduplicated by (trace_id, span_id); but it is not acknowledged.
-            return self.refuse(UNAVAILABLE, "the store is busy; retry", 503)
-        if ticket.error:
-            if ticket.permanent:
-                return self.refuse(BAD, f"could not store these spans: {ticket.error}", 400)
-            return self.refuse(UNAVAILABLE, f"could not write the store: {ticket.error}", 503)
-        self._count_accepted(outcome.accepted)
-        return Outcome(OK, outcome.message, outcome.accepted, outcome.rejected)
 
     def _hand_over(self, decoded: decode.Decoded) -> Outcome:
         with self._lock:
@@ -346,22 +347,20 @@ class Collector:
         message = decoded.message
         if not decoded.accepted:
             return Outcome(OK, message, 0, decoded.rejected)
-        if self.sampler is not None:
-            try:
-                self.sampler.add(decoded.doc, decoded.accepted)
-            except SamplerFull as exc:
-                return self.refuse(BUSY, f"collector busy: {exc}", 429)
-            except Backpressure as exc:  # late spans of a decided trace, while stopping
-                return self.refuse(UNAVAILABLE, f"collector stopping: {exc}", 503)
-            self._count_accepted(decoded.accepted)
-            return Outcome(OK, message, decoded.accepted, decoded.rejected)
         try:
-            ticket = self.writer.submit(decoded.doc, decoded.accepted)
-        except Backpressure as exc:
+            if self.sampler is not None:
+                assert decoded.doc is not None
+                self.sampler.add(decoded.doc, decoded.accepted)
+            else:
+                self.writer.submit_line(decoded.line, decoded.accepted)
+        except (SamplerFull, Backpressure) as exc:
             if self._stop.is_set():
                 return self.refuse(UNAVAILABLE, f"collector stopping: {exc}", 503)
             return self.refuse(BUSY, f"collector busy: {exc}", 429)
-        return Outcome(PENDING, message, decoded.accepted, decoded.rejected, ticket=ticket)
+        except Unavailable as exc:
+            return self.refuse(UNAVAILABLE, f"collector unavailable: {exc}", 503)
+        self._count_accepted(decoded.accepted)
+        return Outcome(OK, message, decoded.accepted, decoded.rejected)
 
     def _count_accepted(self, n: int) -> None:
         with self._lock:

@@ -1,35 +1,35 @@
-"""The batching writer: accepted OTLP documents → the DuckDB store, a batch at a time.
+"""The batching writer: accepted OTLP documents → the write-ahead log → the DuckDB store.
 
-One writer serves both receivers (OTLP/HTTP and OTLP/gRPC). Documents arrive clean
-(:mod:`tracekit.collect.decode`) and are kept as OTLP JSON lines, so a batch takes the
-same fast path through ingest as a JSON-lines file (``ingest_documents`` with bytes).
-Batches form by group commit: when the writer is free it takes everything queued once the
-oldest document has waited ``flush_interval`` (or at once when ``batch_spans`` wait), so
-under load a batch grows to what arrived while the last one was written.
+One writer serves both receivers (OTLP/HTTP and OTLP/gRPC); the store itself is
+written by a process of its own (:mod:`.store_worker`). Documents arrive clean
+(:mod:`tracekit.collect.decode`) and are kept as OTLP JSON lines. :meth:`BatchWriter.submit`
+appends each to the write-ahead log (:mod:`.wal`) and returns once it is synced: that is
+when the receiver acknowledges. Behind it a thread writes the store in batches with the
+fast path a JSON-lines file takes through ingest (``ingest_documents`` with bytes), and
+refreshes the touched requests; a batch is everything queued once the oldest document
+has waited ``flush_interval`` (sooner when ``batch_spans`` wait), so under load a batch
+grows to what arrived while the last one was written, and its fixed cost (opening the
+file, staging, attribution) is shared by all of it.
 
 DuckDB lets one process hold a database file for writing, and while it does no other
 process can open the file at all. So the writer holds the store **only while it writes
-a batch**: every ``flush_interval`` (or sooner when ``batch_spans`` are waiting) it
-opens the file, ingests the batch with the same decoder and staging steps that
-``tracekit ingest`` uses, refreshes the touched requests, and closes it again. Between
-batches ``tracekit summary``/``diff``/``gate`` open the file read-only; when one of them
-holds it at flush time the writer backs off and retries, and the accepted documents wait
-in memory, bounded by ``max_pending_spans``: past that :meth:`BatchWriter.submit` raises
-:class:`Backpressure` and the receiver answers 429 with ``Retry-After`` instead of
-growing. (Analysis commands retry the other way round, see
-:func:`tracekit.analysis.store.open_store`.)
+a batch**. Between batches ``tracekit summary``/``diff``/``gate`` open the file
+read-only; when one of them holds it the writer backs off and retries, and accepted
+documents wait, in memory and in the log, bounded by ``max_pending_spans`` and
+``max_pending_bytes``: past them :meth:`BatchWriter.submit` raises :class:`Backpressure`
+and the receiver answers 429 / ``RESOURCE_EXHAUSTED`` instead of growing.
 
-Every submitted document has a :class:`Ticket`; it is set once the batch holding it is
-committed (or has failed), so the receiver acknowledges a request only when its spans are
-in the file. The store is keyed by (trace_id, span_id), which makes a client's retry of a
-request that timed out on its side harmless. A batch that fails for a reason other than
-the file being busy is written again one document at a time, so a document that cannot
-be stored fails alone (``Ticket.permanent``) and never the requests that shared its batch.
+Nothing acknowledged is lost: a batch that fails for a passing reason (the file held,
+the disk full) is retried until it is written; a batch that fails otherwise is written
+again one document at a time, so a document the store refuses for good fails alone — it
+is kept in the log's ``rejected.jsonl`` with the reason — and never the requests that
+shared its batch. Whatever is still unwritten at exit (a ``kill -9``, a drain out of
+time) is replayed from the log at the next start. The store is keyed by
+(trace_id, span_id), which makes a replay, or a client's retry, harmless.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -38,90 +38,53 @@ from typing import Any
 
 import msgspec
 
-from tracekit.analysis.attribution.payloads import ingest_otlp_payloads
-from tracekit.analysis.store import Store, open_store
-from tracekit.analysis.store import is_lock_error as store_lock_error
-from tracekit.errors import IngestError, QueryError
+from tracekit.collect.store_worker import FlushStats, StoreFailed, StoreProcess
+from tracekit.collect.wal import Position, WriteAheadLog
 
 
 class Backpressure(Exception):  # noqa: N818 - a signal to the receiver, not a failure
-    """The writer holds ``max_pending_spans`` already: answer 429, the client retries later."""
+    """The writer holds its bound already: answer 429, the client retries later."""
+
+
+class Unavailable(Exception):  # noqa: N818 - a signal to the receiver, not a failure
+    """The document could not be made durable (stopping, the log unwritable): answer 503."""
 
 
 _ENCODE = msgspec.json.Encoder().encode
 
-_DATA_ERRORS = (IngestError, TypeError, ValueError, KeyError, RecursionError, msgspec.MsgspecError)
-"""A document that fails alone with one of these would fail again: not retryable."""
+RETRY_S = 1.0
+"""Wait before retrying a batch that failed for a passing reason."""
 
 
 @dataclass
 class Ticket:
-    """One submitted document; ``done`` is set when it is written or has failed."""
+    """One accepted document: its line, spans and place in the log."""
 
     line: bytes
     spans: int
-    done: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-    permanent: bool = False
-    """The document itself could not be stored (a retry would fail the same way)."""
+    position: Position
     submitted: float = field(default_factory=time.monotonic)
-    _callbacks: list[Callable[[Ticket], None]] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_done(self, callback: Callable[[Ticket], None]) -> None:
-        """Call ``callback(ticket)`` once it is done (at once when it already is)."""
-        with self._lock:
-            if not self.done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback(self)
-
-    def finish(self, error: str | None = None, *, permanent: bool = False) -> None:
-        with self._lock:
-            self.error = error
-            self.permanent = permanent
-            self.done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            with contextlib.suppress(Exception):  # a waiter's failure is not the writer's
-                callback(self)
-
-
-@dataclass
-class FlushStats:
-    """What one written batch did, and the store's totals after it (for the status line)."""
-
-    spans: int
-    spans_new: int
-    requests_refreshed: int
-    seconds: float
-    requests_total: int
-    releases: list[str]
-
-
-def is_lock_error(exc: BaseException) -> bool:
-    """True when DuckDB refused the file because another process holds it."""
-    cause = exc.__cause__ if isinstance(exc, QueryError) else exc
-    return cause is not None and store_lock_error(cause)
 
 
 class BatchWriter:
-    """Owns the pending documents and the thread that writes them in batches."""
+    """Owns the log, the pending documents and the thread that writes them in batches."""
 
     def __init__(
         self,
         db: str,
+        wal: WriteAheadLog,
         *,
         source: str = "collect",
         version: str | None = None,
         max_pending_spans: int = 200_000,
         max_pending_bytes: int = 256 << 20,
-        batch_spans: int = 20_000,
-        flush_interval: float = 0.05,
+        batch_spans: int = 100_000,
+        flush_interval: float = 0.2,
         on_flush: Callable[[FlushStats], None] | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.db = db
+        self.wal = wal
         self.source = source
         self.version = version
         self.max_pending_spans = max_pending_spans
@@ -133,17 +96,22 @@ class BatchWriter:
         self._cond = threading.Condition()
         self._queue: list[Ticket] = []
         self._pending_spans = 0
-        """Spans submitted and not yet written (queued plus the batch being written)."""
+        """Spans accepted and not yet written (queued plus the batch being written)."""
         self._pending_bytes = 0
         self._stopping = False
+        self._abandon = False
         self._batches = 0
-        self._releases: set[str] = set()
         self._releases_at = 0.0
+        self.store = StoreProcess(db)
         self._thread = threading.Thread(
             target=self._run, name="tracekit-collect-writer", daemon=True
         )
         self.lock_waits = 0
         """Times a flush found the file held by a reader and backed off."""
+        self.replayed_spans = 0
+        """Spans read back from the log at start (left by an earlier run)."""
+        self.rejected_documents = 0
+        """Documents the store refused for good (kept in the log's rejected.jsonl)."""
 
     @property
     def pending_spans(self) -> int:
@@ -154,21 +122,36 @@ class BatchWriter:
         return self._pending_bytes
 
     def start(self) -> None:
-        # Create the schema now, so analysis commands find a store from the first second.
-        self._with_store(self._read_releases, deadline=time.monotonic() + 30.0)
+        """Create the schema, queue what an earlier run left in the log, start writing."""
+        self.store.prepare()
+        for line, spans, position, note in self.wal.replay():
+            if note:
+                self._report(note)
+                continue
+            self._enqueue(Ticket(line, spans, position))
+            self.replayed_spans += spans
+        if self.replayed_spans:
+            self._report(
+                f"replaying {self.replayed_spans:,} spans an earlier run accepted and had "
+                f"not written (from {self.wal.directory})"
+            )
         self._thread.start()
 
     def submit(self, doc: dict[str, Any], spans: int, *, force: bool = False) -> Ticket:
-        """Queue ``doc`` (``spans`` spans); :class:`Backpressure` when memory is at its bound.
+        """:meth:`submit_line` of the document as one OTLP JSON line."""
+        return self.submit_line(_ENCODE(doc), spans, force=force)
 
-        ``force`` skips the bound: the tail sampler hands over documents it has already
-        acknowledged, which must not be dropped (it stops acknowledging instead).
+    def submit_line(self, line: bytes, spans: int, *, force: bool = False) -> Ticket:
+        """Accept ``line`` (``spans`` spans): returns once it is in the log, synced.
+
+        :class:`Backpressure` when memory is at its bound, :class:`Unavailable` when
+        stopping or the log cannot be written; nothing is accepted then. ``force`` skips
+        the bound: the tail sampler hands over documents it has already acknowledged.
         """
-        ticket = Ticket(_ENCODE(doc), spans)
-        size = len(ticket.line)
+        size = len(line)
         with self._cond:
             if self._stopping:
-                raise Backpressure("shutting down")
+                raise Unavailable("shutting down")
             over = (
                 self._pending_spans + spans > self.max_pending_spans
                 or self._pending_bytes + size > self.max_pending_bytes
@@ -178,23 +161,54 @@ class BatchWriter:
                     f"{self._pending_spans:,} spans ({self._pending_bytes:,} bytes) "
                     "waiting to be written"
                 )
-            self._queue.append(ticket)
             self._pending_spans += spans
             self._pending_bytes += size
+        try:
+            position = self.wal.append(line, spans)
+        except OSError as exc:
+            with self._cond:
+                self._pending_spans -= spans
+                self._pending_bytes -= size
+            raise Unavailable(f"cannot write the log: {exc.strerror or exc}") from exc
+        ticket = Ticket(line, spans, position)
+        with self._cond:
+            self._queue.append(ticket)
             self._cond.notify_all()
         return ticket
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Write everything accepted, then stop the thread (SIGTERM/SIGINT come here)."""
+    def _enqueue(self, ticket: Ticket) -> None:
+        with self._cond:
+            self._queue.append(ticket)
+            self._pending_spans += ticket.spans
+            self._pending_bytes += len(ticket.line)
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Write everything accepted, then stop; False when ``timeout`` ran out first.
+
+        What is not written by then stays in the log, for the next start.
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        done = not self._thread.is_alive()
+        if not done:
+            with self._cond:
+                self._abandon = True
+                self._cond.notify_all()
+            self.store.kill()
+            self._thread.join(5.0)
+        self.wal.close()
+        self.store.close()
+        return done
 
     def _take(self) -> list[Ticket]:
         with self._cond:
             while True:
+                if self._abandon:
+                    return []
                 if self._queue:
                     age = time.monotonic() - self._queue[0].submitted
                     queued = sum(t.spans for t in self._queue)
@@ -209,97 +223,91 @@ class BatchWriter:
 
     def _run(self) -> None:
         while batch := self._take():
-            try:
-                self._write(batch)
-                outcomes: list[tuple[Ticket, str | None, bool]] = [(t, None, False) for t in batch]
-            except Exception as exc:  # noqa: BLE001 - reported per ticket, the loop goes on
-                outcomes = self._one_by_one(batch, exc)
+            written = self._write_all(batch)
+            if written is None:
+                return  # abandoned at exit: the log keeps the rest
             with self._cond:
                 self._pending_spans -= sum(t.spans for t in batch)
                 self._pending_bytes -= sum(len(t.line) for t in batch)
-            for ticket, error, permanent in outcomes:
-                ticket.finish(error, permanent=permanent)
+            self.wal.committed([t.position for t in batch])
 
-    def _one_by_one(
-        self, batch: list[Ticket], exc: Exception
-    ) -> list[tuple[Ticket, str | None, bool]]:
-        """After a failed batch: each document again alone, so only a bad one fails."""
-        error = f"{type(exc).__name__}: {exc}"
-        if len(batch) == 1 or is_lock_error(exc) or isinstance(exc, OSError):
-            permanent = len(batch) == 1 and isinstance(exc, _DATA_ERRORS)
-            self._report(f"could not write {len(batch)} request(s): {error}")
-            return [(t, error, permanent) for t in batch]
-        out: list[tuple[Ticket, str | None, bool]] = []
-        for ticket in batch:
+    def _write_all(self, batch: list[Ticket]) -> bool | None:
+        """Write ``batch``, retrying passing failures; None when abandoned at exit."""
+        reported = 0.0
+        while True:
             try:
-                self._write([ticket])
-                out.append((ticket, None, False))
-            except Exception as alone:  # noqa: BLE001 - that document's own failure
-                why = f"{type(alone).__name__}: {alone}"
-                self._report(f"could not write a request of {ticket.spans} span(s): {why}")
-                out.append((ticket, why, isinstance(alone, _DATA_ERRORS)))
-        return out
+                self._write(batch)
+                return True
+            except Exception as exc:  # noqa: BLE001 - retried or isolated, never dropped
+                if not _passing(exc) and len(batch) > 1:
+                    self._one_by_one(batch)
+                    return True
+                if not _passing(exc):
+                    self._keep_aside(batch[0], exc)
+                    return True
+                if time.monotonic() - reported > 60.0:
+                    reported = time.monotonic()
+                    self._report(
+                        f"could not write {len(batch)} request(s), retrying: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+            with self._cond:
+                if self._abandon:
+                    return None
+                self._cond.wait(RETRY_S)
+                if self._abandon:
+                    return None
+
+    def _one_by_one(self, batch: list[Ticket]) -> None:
+        """After a batch failed on its data: each document alone, so only a bad one fails."""
+        for ticket in batch:
+            while True:
+                try:
+                    self._write([ticket])
+                    break
+                except Exception as exc:  # noqa: BLE001 - that document's own failure
+                    if not _passing(exc):
+                        self._keep_aside(ticket, exc)
+                        break
+                    with self._cond:
+                        if self._abandon:
+                            return
+                        self._cond.wait(RETRY_S)
+
+    def _keep_aside(self, ticket: Ticket, exc: BaseException) -> None:
+        why = f"{type(exc).__name__}: {exc}"
+        path = self.wal.reject(ticket.line, why)
+        self.rejected_documents += 1
+        self._report(
+            f"the store refused a request of {ticket.spans} span(s) ({why}); it is kept in {path}"
+        )
 
     def _report(self, message: str) -> None:
         if self.on_error:
             self.on_error(message)
 
     def _write(self, batch: list[Ticket]) -> None:
-        started = time.perf_counter()
         self._batches += 1
-        lines = [t.line for t in batch]
-        spans = sum(t.spans for t in batch)
-
-        def work(store: Store) -> FlushStats:
-            # The same decoders and staging as `tracekit ingest` (its fast path for
-            # JSON lines), so a span gives the same row whichever way it arrived; only the
-            # touched traces are re-attributed.
-            report = ingest_otlp_payloads(
-                store, lines, source=f"{self.source}#{self._batches}", version=self.version
-            )
-            total = int(store.run("SELECT count(*) FROM requests")[0][0])
-            if time.monotonic() - self._releases_at > 1.0:
-                self._read_releases(store)
-            return FlushStats(
-                spans=spans,
-                spans_new=report.spans_stored,
-                requests_refreshed=report.requests_attributed,
-                seconds=time.perf_counter() - started,
-                requests_total=total,
-                releases=sorted(self._releases),
-            )
-
-        # While stopping, a reader holding the file still gets a while to finish; the
-        # deadline only keeps a stuck reader from holding the process forever.
-        stats = self._with_store(work, deadline=None)
+        want_releases = self._stopping or time.monotonic() - self._releases_at > 1.0
+        stats = self.store.write(
+            [t.line for t in batch],
+            sum(t.spans for t in batch),
+            source=f"{self.source}#{self._batches}",
+            version=self.version,
+            releases=want_releases,
+        )
+        if want_releases:
+            self._releases_at = time.monotonic()
+        self.lock_waits += stats.lock_waits
         if self.on_flush:
             self.on_flush(stats)
 
-    def _read_releases(self, store: Store) -> None:
-        """The releases in the store (a scan of ``requests``: done at most once a second)."""
-        rows = store.run("SELECT DISTINCT release FROM requests WHERE release IS NOT NULL")
-        self._releases = {str(r[0]) for r in rows}
-        self._releases_at = time.monotonic()
 
-    def _with_store(self, work: Callable[[Store], Any], *, deadline: float | None) -> Any:
-        delay = 0.01
-        while True:
-            try:
-                store = open_store(self.db)
-            except QueryError as exc:
-                if not is_lock_error(exc):
-                    raise
-                self.lock_waits += 1
-                if deadline is not None and time.monotonic() > deadline:
-                    raise
-                with self._cond:
-                    stop_by = self._stopping
-                if stop_by and deadline is None:
-                    deadline = time.monotonic() + 60.0
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                continue
-            try:
-                return work(store)
-            finally:
-                store.close()
+def _passing(exc: BaseException) -> bool:
+    """A failure that a later try may not meet: the file held, the disk, the OS.
+
+    Anything else is taken to be the data's: the batch is split, and a document that
+    fails alone is kept in ``rejected.jsonl`` (an OTLP JSON-lines file ``tracekit
+    ingest`` reads) instead of stalling every request behind it.
+    """
+    return isinstance(exc, StoreFailed) and exc.passing

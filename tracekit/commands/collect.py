@@ -19,9 +19,11 @@ request as it lands: OTLP/HTTP (POST /v1/traces, protobuf or JSON, gzip or defla
 chunked or not) on --port, OTLP/gRPC (TraceService/Export, gzip) on --grpc-port. Any OTel
 SDK (Python, Node, Java, Go, .NET) or Collector can export here with its default exporter;
 `tracekit summary`, `diff` and `gate` work on the same store while it runs. A request is
-acknowledged only once its spans are in the store. SIGTERM or Ctrl-C stops accepting,
-answers what is in flight, writes everything accepted and exits 0 within --drain seconds;
-a second signal exits at once.
+acknowledged once its spans are in the write-ahead log on disk; the store is written
+behind it in batches. SIGTERM or Ctrl-C stops accepting,
+answers what is in flight, writes everything accepted and exits 0 within --drain seconds
+(what it could not write by then stays in its write-ahead log, STORE.collect-wal/, and is
+written at the next start); a second signal exits at once.
 
 Both ports bind 127.0.0.1. To listen beyond loopback give a bearer token
 (--auth-token-file; clients send `Authorization: Bearer TOKEN`) and TLS (--tls-cert,
@@ -106,9 +108,9 @@ def register(sub: Any) -> None:
     limits.add_argument(
         "--flush-interval",
         type=float,
-        default=0.05,
+        default=0.2,
         metavar="SECONDS",
-        help="longest a span waits for its batch to start (batches grow while one is written)",
+        help="longest an accepted span waits for its batch to start being written to the store",
     )
     limits.add_argument(
         "--max-body-mib",
@@ -213,13 +215,13 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
     status = collector.status()
     _say(status_line(status, final=True), sys.stdout)
-    if status.pending_spans:
+    if not collector.written_all:
         _say(
-            f"tracekit collect: {status.pending_spans:,} spans were not written within "
-            f"--drain {args.drain:g} s (they were not acknowledged: clients retry them)",
+            f"tracekit collect: {status.pending_spans:,} accepted spans were not written "
+            f"within --drain {args.drain:g} s; they are kept in {collector.wal.directory} "
+            "and written at the next `tracekit collect --db` of this store",
             sys.stderr,
         )
-        return 1
     return 0
 
 

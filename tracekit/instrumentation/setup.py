@@ -301,8 +301,7 @@ def _build(
         return GrpcExporter(endpoint=url, insecure=insecure, headers=headers), f"OTLP/gRPC {url}"
     if protocol not in ("http/protobuf", "http/json"):
         _guard.logger.warning(
-            "tracekit: %s=%r is not grpc, http/protobuf or http/json; exporting over "
-            "http/protobuf",
+            "tracekit: %s=%r is not grpc, http/protobuf or http/json; exporting over http/protobuf",
             ENV_OTLP_PROTOCOL,
             protocol,
         )
