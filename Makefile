@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/diff.py
+	$(BIN)/python benchmarks/collect.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -10,11 +10,14 @@ are tracekit's, and nothing else writes to those pipes.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 from typing import IO, Any
 
 _LEN = struct.Struct("<Q")
@@ -75,9 +78,22 @@ class Child:
         self.close(timeout=5.0)
 
 
+PARENT_POLL_S = 0.5
+
+
 def child_main() -> tuple[IO[bytes], IO[bytes]]:
     """In the child: ignore Ctrl-C (the collector's process group gets it too; the child
-    ends when its stdin closes) and take the frame streams."""
+    ends when its stdin closes), end at once if the collector dies (``kill -9``: its
+    work is in the collector's write-ahead log, and a child waiting on the store must not
+    outlive it), and take the frame streams."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="tracekit-parent-watch", daemon=True).start()
     return sys.stdin.buffer, sys.stdout.buffer

@@ -31,6 +31,7 @@ import binascii
 import gzip
 import json
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,9 +192,19 @@ def decode_body(body: bytes, content_type: str | None, limits: Limits) -> Decode
 # --- JSON -------------------------------------------------------------------------------
 
 
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_HEX = {32: re.compile(r"[0-9a-fA-F]{32}"), 16: re.compile(r"[0-9a-fA-F]{16}")}
+
+
 def decode_json(body: bytes, limits: Limits) -> Decoded:
+    allowed = len(body) // JSON_BYTES_PER_OBJECT + 4096
     objects = body.count(b"{") + body.count(b"[")
-    if objects > len(body) // JSON_BYTES_PER_OBJECT + 4096:
+    if objects > allowed:
+        # Brackets inside strings (an attribute holding JSON text) are not objects: count
+        # again without the strings' contents before refusing.
+        bare = _JSON_STRING.sub(b'""', body)
+        objects = bare.count(b"{") + bare.count(b"[")
+    if objects > allowed:
         raise BadBody(
             f"{objects:,} JSON objects/arrays in {len(body):,} bytes is more than an "
             "export request holds; refused unparsed"
@@ -202,7 +213,7 @@ def decode_json(body: bytes, limits: Limits) -> Decoded:
         doc = json.loads(body)
     except RecursionError:
         raise BadBody("JSON nested too deep to decode") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int too long
         raise BadBody(f"invalid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise BadBody("the JSON body is not an ExportTraceServiceRequest object")
@@ -302,13 +313,10 @@ class _Budget:
 
 
 def _json_id(value: Any, width: int, name: str) -> tuple[str, str]:
-    if not isinstance(value, str) or len(value) != width:
+    if not isinstance(value, str) or not _HEX[width].fullmatch(value):
         return "", f"{name} is not {width} hex digits"
-    try:
-        if int(value, 16) == 0:
-            return "", f"{name} is all zeros (invalid per W3C Trace Context)"
-    except ValueError:
-        return "", f"{name} is not {width} hex digits"
+    if value.count("0") == width:
+        return "", f"{name} is all zeros (invalid per W3C Trace Context)"
     return value.lower(), ""
 
 
@@ -317,7 +325,7 @@ def _json_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
         return int(value)
     return None
 
@@ -453,10 +461,9 @@ def _json_value(value: Any, limits: Limits, budget: _Budget, depth: int) -> tupl
     if (i := value.get("intValue")) is not None:
         n = i if isinstance(i, int) and not isinstance(i, bool) else None
         if isinstance(i, str):
-            try:
-                n = int(i) if len(i) <= 21 else None
-            except ValueError:
-                n = None
+            text = i.strip()
+            digits = text[1:] if text[:1] in "+-" else text
+            n = int(text) if digits.isascii() and digits.isdigit() and len(digits) <= 20 else None
         if n is None or not -(1 << 63) <= n < 1 << 63:
             return None, "intValue is not a 64-bit integer"
         return {"intValue": str(n)}, ""
@@ -464,8 +471,8 @@ def _json_value(value: Any, limits: Limits, budget: _Budget, depth: int) -> tupl
         if isinstance(d, bool) or not isinstance(d, int | float | str):
             return None, "doubleValue is not a number"
         try:
-            f = float(d)
-        except ValueError:
+            f = float(d) if not isinstance(d, str) or d.isascii() else float("x")
+        except (ValueError, OverflowError):
             return None, "doubleValue is not a number"
         return {"doubleValue": _double(f)}, ""
     if (raw := value.get("bytesValue")) is not None:
@@ -657,6 +664,7 @@ def decode_protobuf(body: bytes, limits: Limits) -> Decoded:
     for r, (res, scope_spans) in enumerate(shaped):
         where_r = f"resourceSpans[{r}]"
         n_spans = sum(len(spans) for _, spans in scope_spans)
+        resource = None
         try:
             raw = b"".join(body[x:y] for x, y in res)  # a repeated singular field merges
             why = _count(raw, 0, len(raw), {1: limits.max_attributes})

@@ -80,13 +80,16 @@ class GrpcReceiver:
         )
         target = f"{host}:{port}" if ":" not in host else f"[{host.strip('[]')}]:{port}"
         sec = collector.security
-        if sec.tls_cert is not None and sec.tls_key is not None:
-            credentials = grpc.ssl_server_credentials(
-                [(sec.tls_key.read_bytes(), sec.tls_cert.read_bytes())]
-            )
-            bound = self.server.add_secure_port(target, credentials)
-        else:
-            bound = self.server.add_insecure_port(target)
+        try:
+            if sec.tls_cert is not None and sec.tls_key is not None:
+                credentials = grpc.ssl_server_credentials(
+                    [(sec.tls_key.read_bytes(), sec.tls_cert.read_bytes())]
+                )
+                bound = self.server.add_secure_port(target, credentials)
+            else:
+                bound = self.server.add_insecure_port(target)
+        except RuntimeError:  # grpcio raises "Failed to bind" where older ones returned 0
+            bound = 0
         if not bound:
             raise OSError(98, f"cannot listen on {target} for OTLP/gRPC", target)
         self.port = int(bound)
@@ -109,7 +112,13 @@ class GrpcReceiver:
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "a valid authorization: Bearer token is required"
             )
-        outcome = c.receive(request, decode.PROTOBUF, None)
+        if not c.reserve_body(len(request)):
+            outcome = c.refuse(BUSY, "collector busy: too many request bodies in memory", 429)
+            context.abort_with_status(_abort(outcome))
+        try:
+            outcome = c.receive(request, decode.PROTOBUF, None)
+        finally:
+            c.release_body(len(request))
         if outcome.kind == OK:
             return _success(outcome)
         context.abort_with_status(_abort(outcome))

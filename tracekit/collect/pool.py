@@ -35,12 +35,16 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) - 1))
 
 
+_EMPTY = object()
+"""An idle slot without a worker (its worker died; a new one starts on next use)."""
+
+
 class DecodePool:
     """``workers`` worker processes running :func:`tracekit.collect.decode.decode_request`."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._idle: queue.Queue[Child | None] = queue.Queue()
+        self._idle: queue.Queue[Child | object | None] = queue.Queue()
         self._all: list[Child] = []
         self._lock = threading.Lock()
         self._started = False
@@ -75,22 +79,30 @@ class DecodePool:
         if worker is None:  # closed
             self._idle.put(None)
             raise PoolBroken("the collector is stopping")
+        if worker is _EMPTY:  # a slot whose worker died and could not be replaced then
+            try:
+                with self._lock:
+                    worker = self._spawn()
+            except OSError as exc:
+                self._idle.put(_EMPTY)
+                raise PoolBroken(f"cannot start a decoding worker ({exc}); retry") from None
+        assert isinstance(worker, Child)
         try:
             kind, value = worker.call((body, content_type, encoding, limits, keep_doc))
         except Exception as exc:  # noqa: BLE001 - the process or the pipe, not the request
-            with self._lock:
-                with contextlib.suppress(ValueError):
-                    self._all.remove(worker)
-                replacement = None if self._closed else self._spawn()
             worker.kill()
-            self._idle.put(replacement)
+            with self._lock, contextlib.suppress(ValueError):
+                self._all.remove(worker)
+            self._idle.put(_EMPTY)
             raise PoolBroken(f"a decoding worker died ({exc}); retry") from None
         self._idle.put(worker)
         if kind == "bad":
             reason, status = value
             raise decode.BadBody(reason, status=status)
         if kind == "error":
-            raise PoolBroken(f"the decoding worker failed: {value}")
+            # The decoder failed on this body where it should have refused it: the same
+            # body would fail again, so the client must not retry it.
+            raise decode.BadBody(f"the body could not be decoded ({value})")
         assert isinstance(value, decode.Decoded)
         return value
 

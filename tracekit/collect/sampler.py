@@ -139,6 +139,8 @@ class TailSampler:
         self._decided: OrderedDict[str, float] = OrderedDict()
         """trace id → weight kept with (0 when dropped), for spans arriving late."""
         self._windows: dict[tuple[str, str], _Window] = {}
+        self._unsent: list[tuple[dict[str, Any], int]] = []
+        """Kept documents ``emit`` has not taken yet (counted in ``held_spans``)."""
 
     @property
     def held_spans(self) -> int:
@@ -197,8 +199,24 @@ class TailSampler:
                         _set_weight(e.span, weight)
                     kept.extend(trace.entries)
         if kept:
-            self.emit(_document(kept), len(kept))
+            with self._lock:
+                self._unsent.append((_document(kept), len(kept)))
+                self._held += len(kept)
+        self._send()
         return decided
+
+    def _send(self) -> None:
+        """Hand the kept documents to ``emit``; one it refuses stays for the next call
+        (its spans were acknowledged: they must reach the store)."""
+        while True:
+            with self._lock:
+                if not self._unsent:
+                    return
+                doc, n = self._unsent[0]
+            self.emit(doc, n)
+            with self._lock:
+                self._unsent.pop(0)
+                self._held -= n
 
     def _decide(self, trace_id: str, trace: _Trace) -> float:
         """The weight the trace is kept with, 0 when dropped."""

@@ -260,6 +260,8 @@ class Collector:
             self.sampler.decide_due(everything=True)
         for t in stoppers:
             t.join(max(0.0, deadline - time.monotonic()))
+        for t in self._threads:  # the sampler's decisions: none may emit after the last
+            t.join(max(0.0, deadline - time.monotonic()))
         if self.sampler is not None:
             self.sampler.decide_due(everything=True)
         self.written_all = self.writer.close(max(0.1, deadline - time.monotonic()))
@@ -370,7 +372,10 @@ class Collector:
     def _decide_loop(self) -> None:
         assert self.sampler is not None
         while not self._stop.wait(0.1):
-            self.sampler.decide_due()
+            try:
+                self.sampler.decide_due()
+            except Exception as exc:  # noqa: BLE001 - this thread must not die
+                self._error(f"tail sampler: {type(exc).__name__}: {exc}")
 
     def _flushed(self, stats: FlushStats) -> None:
         with self._lock:

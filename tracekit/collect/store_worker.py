@@ -98,16 +98,12 @@ class StoreProcess:
 
 
 def _passing(exc: BaseException) -> bool:
-    """The file held, the disk, the OS: a later try may not meet it. Else the data's."""
-    from tracekit.analysis.store import is_lock_error
+    """The file held, the disk full, an I/O error, memory: a later try may not meet it.
+    Anything else (a conversion, a constraint, ingest's own errors) is the data's."""
+    from tracekit.analysis.store import is_transient_error
 
     cause = exc.__cause__
-    return (
-        is_lock_error(exc)
-        or (cause is not None and is_lock_error(cause))
-        or isinstance(exc, OSError)
-        or isinstance(cause, OSError)
-    )
+    return is_transient_error(exc) or (cause is not None and is_transient_error(cause))
 
 
 def _with_store(db: str, work: Any) -> tuple[Any, int]:

@@ -21,6 +21,7 @@ its checksum and ends the replay of its segment: it was never acknowledged.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import struct
@@ -69,6 +70,7 @@ class WriteAheadLog:
                 f"another `tracekit collect` writes this store (it holds {directory}/lock); "
                 "stop it or give this one another --db"
             ) from None
+        self._closed = False
         self._lock = threading.Lock()
         self._sync_cond = threading.Condition(threading.Lock())
         self._syncing = False
@@ -110,7 +112,9 @@ class WriteAheadLog:
         """Append one record and return once it is synced (or fails with ``OSError``)."""
         record = _HEADER.pack(len(payload), spans, zlib.crc32(payload)) + payload
         with self._lock:
-            os.write(self._fd, record)
+            if self._closed:
+                raise OSError(errno.EBADF, "the write-ahead log is closed")
+            self._write_all(record)
             self._size += len(record)
             segment = self._current
             self._outstanding[segment] += 1
@@ -121,15 +125,29 @@ class WriteAheadLog:
         self._sync_to(seq)
         return Position(segment)
 
+    def _write_all(self, record: bytes) -> None:
+        """(Under the append lock.) The whole record or nothing: a short write (a full
+        disk) is cut back off, so no later record follows a torn one."""
+        view = memoryview(record)
+        done = 0
+        try:
+            while done < len(record):
+                done += os.write(self._fd, view[done:])
+        except OSError:
+            if done:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._size)
+            raise
+
     def _rotate(self) -> None:
-        """(Under the append lock.) Sync and close the segment; appends go to a new one."""
-        if self.fsync:
-            os.fdatasync(self._fd)
-        os.close(self._fd)
-        old = self._current
-        self._current += 1
-        self._fd = self._open_segment(self._current)
+        """(Under the append lock.) A new segment for appends; the old one synced, closed."""
+        old, old_fd = self._current, self._fd
+        self._fd = self._open_segment(old + 1)  # first: a failure leaves the old one in use
+        self._current = old + 1
         self._size = 0
+        if self.fsync:
+            os.fdatasync(old_fd)
+        os.close(old_fd)
         with self._sync_cond:
             self._synced = max(self._synced, self._appended)
             self._sync_cond.notify_all()
@@ -148,13 +166,19 @@ class WriteAheadLog:
                 target = self._appended
                 fd = self._fd
                 self._sync_cond.release()
+                synced = False
                 try:
-                    with contextlib.suppress(OSError):  # closed by a rotation: synced there
-                        os.fdatasync(fd)
+                    os.fdatasync(fd)
+                    synced = True
+                except OSError as exc:
+                    if exc.errno != errno.EBADF:  # EBADF: closed by a rotation, synced there
+                        raise
+                    synced = True
                 finally:
                     self._sync_cond.acquire()
                     self._syncing = False
-                    self._synced = max(self._synced, target)
+                    if synced:
+                        self._synced = max(self._synced, target)
                     self._sync_cond.notify_all()
 
     # --- committing -----------------------------------------------------------------
@@ -172,7 +196,7 @@ class WriteAheadLog:
     def _drop_if_done(self, segment: int) -> None:
         if segment != self._current and self._outstanding.get(segment, 0) <= 0:
             self._outstanding.pop(segment, None)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone already, or not ours to delete: harmless
                 self._path(segment).unlink()
 
     def reject(self, payload: bytes, why: str) -> Path:
@@ -180,6 +204,9 @@ class WriteAheadLog:
         path = self.directory / "rejected.jsonl"
         with path.open("ab") as fh:
             fh.write(payload.rstrip(b"\n") + b"\n")
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
         with (self.directory / "rejected.log").open("a", encoding="utf-8") as fh:
             fh.write(why.replace("\n", " ") + "\n")
         return path
@@ -220,10 +247,14 @@ class WriteAheadLog:
     def close(self) -> None:
         """Close the log; with nothing outstanding the directory is left empty of data."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             if self.fsync:
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fd)
             os.close(self._fd)
+            self._fd = -1
             if self._outstanding.get(self._current, 0) <= 0:
                 with contextlib.suppress(FileNotFoundError):
                     self._path(self._current).unlink()

@@ -30,6 +30,7 @@ time) is replayed from the log at the next start. The store is keyed by
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -200,6 +201,8 @@ class BatchWriter:
                 self._cond.notify_all()
             self.store.kill()
             self._thread.join(5.0)
+        with self._cond:
+            done = done and not self._queue
         self.wal.close()
         self.store.close()
         return done
@@ -223,13 +226,20 @@ class BatchWriter:
 
     def _run(self) -> None:
         while batch := self._take():
-            written = self._write_all(batch)
-            if written is None:
-                return  # abandoned at exit: the log keeps the rest
+            try:
+                written = self._write_all(batch)
+                if written is None:
+                    return  # abandoned at exit: the log keeps the rest
+                self.wal.committed([t.position for t in batch])
+            except Exception as exc:  # noqa: BLE001 - this thread must not die: retry later
+                self._report(f"writer: {type(exc).__name__}: {exc}; retrying the batch")
+                with self._cond:
+                    self._queue[:0] = batch
+                    self._cond.wait(RETRY_S)
+                continue
             with self._cond:
                 self._pending_spans -= sum(t.spans for t in batch)
                 self._pending_bytes -= sum(len(t.line) for t in batch)
-            self.wal.committed([t.position for t in batch])
 
     def _write_all(self, batch: list[Ticket]) -> bool | None:
         """Write ``batch``, retrying passing failures; None when abandoned at exit."""
@@ -240,8 +250,7 @@ class BatchWriter:
                 return True
             except Exception as exc:  # noqa: BLE001 - retried or isolated, never dropped
                 if not _passing(exc) and len(batch) > 1:
-                    self._one_by_one(batch)
-                    return True
+                    return True if self._one_by_one(batch) else None
                 if not _passing(exc):
                     self._keep_aside(batch[0], exc)
                     return True
@@ -258,8 +267,11 @@ class BatchWriter:
                 if self._abandon:
                     return None
 
-    def _one_by_one(self, batch: list[Ticket]) -> None:
-        """After a batch failed on its data: each document alone, so only a bad one fails."""
+    def _one_by_one(self, batch: list[Ticket]) -> bool:
+        """After a batch failed on its data: each document alone, so only a bad one fails.
+
+        False when abandoned at exit before all were written (the log keeps them all:
+        writing a document twice is harmless, losing one is not)."""
         for ticket in batch:
             while True:
                 try:
@@ -271,8 +283,9 @@ class BatchWriter:
                         break
                     with self._cond:
                         if self._abandon:
-                            return
+                            return False
                         self._cond.wait(RETRY_S)
+        return True
 
     def _keep_aside(self, ticket: Ticket, exc: BaseException) -> None:
         why = f"{type(exc).__name__}: {exc}"
@@ -284,7 +297,8 @@ class BatchWriter:
 
     def _report(self, message: str) -> None:
         if self.on_error:
-            self.on_error(message)
+            with contextlib.suppress(Exception):  # a caller's handler must not stop the writer
+                self.on_error(message)
 
     def _write(self, batch: list[Ticket]) -> None:
         self._batches += 1

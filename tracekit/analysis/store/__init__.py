@@ -33,6 +33,12 @@ def is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
 
 
+def is_transient_error(exc: BaseException) -> bool:
+    """True for a failure of the file, the disk or memory (held by another process, no
+    space left, an I/O error, out of memory): the same work may succeed later."""
+    return isinstance(exc, duckdb.IOException | duckdb.OutOfMemoryException | OSError)
+
+
 SPAN_COLUMNS: tuple[str, ...] = (
     "trace_id",
     "span_id",
