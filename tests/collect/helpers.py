@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import json
 import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -60,3 +65,54 @@ def split_documents(doc: dict[str, Any], per_doc: int) -> list[dict[str, Any]]:
                 ]
                 out.append({"resourceSpans": [part]})
     return out
+
+
+@contextlib.contextmanager
+def running(db: Path, **kwargs: Any) -> Iterator[Collector]:
+    """A started collector with both receivers on free loopback ports; stopped after."""
+    kwargs.setdefault("flush_interval", 0.05)
+    c = Collector(str(db), port=0, grpc_port=0, **kwargs)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop(timeout=30)
+
+
+@contextlib.contextmanager
+def file_held(db: Path) -> Iterator[Any]:
+    """Another process holds ``db`` read-only (a long `tracekit diff`) until released.
+
+    Yields ``release()``; DuckDB's lock is per process, so the writer cannot open the
+    file meanwhile and accepted spans wait in memory.
+    """
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('held', flush=True); sys.stdin.readline(); c.close()",
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            holder.communicate(input="\n", timeout=30)
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield release
+    finally:
+        if not released:
+            try:
+                release()
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.communicate()

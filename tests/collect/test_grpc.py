@@ -4,15 +4,12 @@ token, TLS on both protocols, request limits, and stopping with calls in flight.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
 import ssl
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +34,8 @@ from tracekit.analysis.store import open_store
 from tracekit.collect import Collector, Limits
 from tracekit.instrumentation.exporters import OTLPJsonFileExporter
 
+from .helpers import file_held, running
+
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TOKEN = "s3cret-token-0123456789"
 CALL_TIMEOUT = 10.0
@@ -49,18 +48,6 @@ Key = tuple[str, str]
 
 
 # --- helpers --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _collector(db: Path, **kwargs: Any) -> Iterator[Collector]:
-    """A started collector with both receivers on free loopback ports; stopped after."""
-    kwargs.setdefault("flush_interval", 0.05)
-    c = Collector(str(db), port=0, grpc_port=0, **kwargs)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop(timeout=30)
 
 
 def _request(n_spans: int, rng: random.Random) -> tuple[bytes, set[Key]]:
@@ -136,45 +123,6 @@ def _file_store(db: Path, jsonl: Path) -> dict[str, list[Any]]:
         report = ingest_paths(store, [jsonl])
         per_request.refresh(store, report.trace_ids)
         return {q: store.run(q) for q in (_ROWS, _REQUESTS, _STAGES)}
-
-
-@contextlib.contextmanager
-def _file_held(db: Path) -> Iterator[Any]:
-    """Another process holds ``db`` read-only (a long `tracekit diff`) until released.
-
-    Yields ``release()``; DuckDB's lock is per process, so the writer cannot open the
-    file meanwhile and accepted spans wait in memory.
-    """
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); "
-            "print('held', flush=True); sys.stdin.readline(); c.close()",
-            str(db),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if not released:
-            released = True
-            holder.communicate(input="\n", timeout=30)
-
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        yield release
-    finally:
-        if not released:
-            try:
-                release()
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.communicate()
 
 
 def _wait_until(predicate: Any, what: str, timeout: float = 15.0) -> None:
@@ -271,7 +219,7 @@ def test_otel_sdk_grpc_exporter_lands_as_the_file_exporter_writes(
 ) -> None:
     db = tmp_path / "live.duckdb"
     jsonl = tmp_path / "sdk.jsonl"
-    with _collector(db) as c:
+    with running(db) as c:
         exporter = OTLPSpanExporter(
             endpoint=f"http://{c.grpc_address}",
             insecure=True,
@@ -326,7 +274,7 @@ def test_otel_sdk_grpc_exporter_lands_as_the_file_exporter_writes(
 
 def test_raw_calls_get_the_otlp_status_codes(tmp_path: Path) -> None:
     rng = random.Random(1)
-    with _collector(tmp_path / "live.duckdb") as c:
+    with running(tmp_path / "live.duckdb") as c:
         assert c.grpc_address is not None
         target = c.grpc_address
 
@@ -369,7 +317,7 @@ def test_pending_spans_at_their_bound_get_resource_exhausted_with_retry_info(
     rng = random.Random(3)
     calls: list[tuple[grpc.StatusCode, set[Key], dict[str, Any], str]] = []
     peak = 0
-    with _collector(db, max_pending_spans=10) as c:
+    with running(db, max_pending_spans=10) as c:
         assert c.grpc_address is not None
 
         def send() -> grpc.StatusCode:
@@ -382,7 +330,7 @@ def test_pending_spans_at_their_bound_get_resource_exhausted_with_retry_info(
             peak = max(peak, c.status().pending_spans)
             return code
 
-        with _file_held(db) as release:
+        with file_held(db) as release:
             # The writer cannot open the file: the first two calls (8 spans) are taken
             # into the write-ahead log and acknowledged; the next would pass
             # max_pending_spans (RESOURCE_EXHAUSTED, nothing taken).
@@ -422,7 +370,7 @@ def test_pending_spans_at_their_bound_get_resource_exhausted_with_retry_info(
 
 def test_a_bearer_token_is_required_on_both_protocols(tmp_path: Path) -> None:
     rng = random.Random(4)
-    with _collector(tmp_path / "live.duckdb", auth_token=TOKEN) as c:
+    with running(tmp_path / "live.duckdb", auth_token=TOKEN) as c:
         assert c.grpc_address is not None
         body, keys = _request(2, rng)
         code, _, _ = _export(c.grpc_address, body)
@@ -457,7 +405,7 @@ def test_a_bearer_token_is_required_on_both_protocols(tmp_path: Path) -> None:
 def test_tls_on_both_protocols(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     rng = random.Random(5)
-    with _collector(tmp_path / "live.duckdb", tls_cert=cert, tls_key=key) as c:
+    with running(tmp_path / "live.duckdb", tls_cert=cert, tls_key=key) as c:
         assert c.grpc_address is not None
         body, keys = _request(2, rng)
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
@@ -498,7 +446,7 @@ def test_tls_on_both_protocols(tmp_path: Path) -> None:
 
 def test_a_message_over_the_body_limit_is_refused_by_grpcio(tmp_path: Path) -> None:
     rng = random.Random(6)
-    with _collector(tmp_path / "live.duckdb", limits=Limits(max_body_bytes=64 << 10)) as c:
+    with running(tmp_path / "live.duckdb", limits=Limits(max_body_bytes=64 << 10)) as c:
         assert c.grpc_address is not None
         request = ExportTraceServiceRequest.FromString(_request(1, rng)[0])
         attr = request.resource_spans[0].scope_spans[0].spans[0].attributes.add()
@@ -560,7 +508,7 @@ def test_millions_of_empty_messages_are_refused_after_the_limit(tmp_path: Path, 
         assert call is not None and f"{limit:,} {what}" in (call.details() or "")
         return took
 
-    with _collector(tmp_path / "live.duckdb", limits=limits) as c:
+    with running(tmp_path / "live.duckdb", limits=limits) as c:
         assert c.grpc_address is not None
         just_over = min(refuse(limit + 1) for _ in range(3))
         bomb = refuse(2_000_000)
@@ -585,7 +533,7 @@ def test_what_a_drain_could_not_write_is_written_at_the_next_start(tmp_path: Pat
     assert c.grpc_address is not None
     target = c.grpc_address
     try:
-        with _file_held(db) as release:
+        with file_held(db) as release:
             codes = [_export(target, body, timeout=30)[0] for body, _ in bodies]
             assert codes == [grpc.StatusCode.OK] * len(bodies)  # in the log, not the store
             assert c.status().pending_spans == 24

@@ -19,7 +19,7 @@ import pytest
 from tracekit.analysis.store import open_store
 from tracekit.collect import Collector
 
-from .helpers import releases, split_documents
+from .helpers import file_held, releases, split_documents
 
 CLI = [sys.executable, "-m", "tracekit.cli"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -228,29 +228,14 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     store (a reader held the file) loses nothing; the next one writes it all."""
     db = tmp_path / "live.duckdb"
     proc, endpoint = _start_cli_collector(db)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); "
-            "print('held', flush=True); sys.stdin.read()",
-            str(db),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     acked: set[tuple[str, str]] = set()
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with file_held(db):
         with httpx.Client(timeout=20) as http:
             for doc in _docs(20, seed=8):
                 if http.post(endpoint, json=doc).status_code == 200:
                     acked.update(_span_keys(doc))
         proc.kill()  # SIGKILL: no drain, no clean-up
         proc.communicate(timeout=30)
-    finally:
-        holder.communicate(input="", timeout=30)
     assert len(acked) == 2 * 20 * 4  # both releases
     assert not acked & _stored_keys(db)
     again, _ = _start_cli_collector(db)

@@ -16,7 +16,6 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tracekit.analysis.store import open_store
 from tracekit.collect import Collector
 
-from .helpers import releases, split_documents
+from .helpers import releases, running, split_documents
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +41,6 @@ Key = tuple[str, str]
 
 
 # --- helpers --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _collector(db: Path, **kwargs: Any) -> Iterator[Collector]:
-    """A started collector on free loopback ports (HTTP and gRPC); stopped after."""
-    kwargs.setdefault("flush_interval", 0.05)
-    c = Collector(str(db), port=0, grpc_port=0, **kwargs)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop(timeout=30)
 
 
 def _docs(n_requests: int, seed: int) -> list[dict[str, Any]]:
@@ -351,7 +338,7 @@ def test_a_trickling_body_does_not_hold_back_other_clients(tmp_path: Path) -> No
     db = tmp_path / "slow.duckdb"
     docs = _docs(13, seed=12)
     warm_docs, normal_docs = docs[:5], docs[5:25]
-    with _collector(db, body_timeout=BODY_TIMEOUT, idle_timeout=BODY_TIMEOUT) as c:
+    with running(db, body_timeout=BODY_TIMEOUT, idle_timeout=BODY_TIMEOUT) as c:
         # What a request takes here with no slow client about (the store's write dominates).
         baseline = statistics.median(end - start for start, end in _post_each(c, warm_docs))
         slow = [socket.create_connection(("127.0.0.1", c.port), timeout=5) for _ in range(N_SLOW)]
@@ -552,7 +539,7 @@ def test_a_client_that_never_reads_its_responses_holds_back_no_one(tmp_path: Pat
     docs = _docs(18, seed=13)
     warm_docs, deaf_docs, normal_docs = docs[:5], docs[5:15], docs[15:35]
     more = _docs(2, seed=14)
-    with _collector(db) as c:
+    with running(db) as c:
         baseline = statistics.median(end - start for start, end in _post_each(c, warm_docs))
         with _Deaf(c.port, deaf_docs) as deaf, _RssSampler() as rss:
             for _ in range(5):
