@@ -15,13 +15,11 @@ outside the tests folder, into ``.cache/node/`` at the repository root, by::
 (``make test`` runs it first; it does nothing when ``.cache/node/.installed`` is newer
 than the lock file.) ``export.js`` runs with ``NODE_PATH=.cache/node/node_modules``.
 The tests skip, saying why, when ``node`` or ``npm`` is not on PATH, when the modules are
-not installed, or when the installed lock file is not the repository's. The gRPC cases
-skip until the receiver takes ``grpc_port``.
+not installed, or when the installed lock file is not the repository's.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -33,11 +31,7 @@ from typing import Any
 import pytest
 
 from tracekit.analysis.store import open_store
-
-try:
-    from tracekit.collect import Collector
-except ImportError:  # the receiver before it moved out of tracekit.analysis
-    from tracekit.analysis.collect import Collector
+from tracekit.collect import Collector
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SRC = Path(__file__).resolve().parent / "node"
@@ -75,10 +69,6 @@ _REQUESTS = (
 )
 
 
-def _has_grpc() -> bool:
-    return "grpc_port" in inspect.signature(Collector.__init__).parameters
-
-
 @pytest.fixture(scope="module")
 def node_env() -> dict[str, str]:
     """The environment export.js runs in; skips when Node or its modules are missing."""
@@ -102,8 +92,6 @@ def receiver(protocol: str, tmp_path: Path) -> Iterator[Collector]:
     """The collector in-process on free 127.0.0.1 ports (gRPC too for the gRPC cases)."""
     options: dict[str, Any] = {"port": 0, "flush_interval": 0.05}
     if protocol == "grpc":
-        if not _has_grpc():
-            pytest.skip("receiver has no gRPC yet")
         options["grpc_port"] = 0
     c = Collector(str(tmp_path / "live.duckdb"), **options)
     c.start()
