@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.analysis.ingest import detect, fast, jaeger, kineto, otlp, staging
+from tracekit.analysis.ingest import deep, detect, fast, jaeger, kineto, otlp, staging
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, Problem, ProblemLog
 from tracekit.analysis.ingest.rows import Origin
@@ -295,7 +295,10 @@ class _Reader:
         for number in sorted(wanted):
             try:
                 doc = json.loads(lines[number - first])
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            except RecursionError:
+                self._too_deep(lines[number - first].decode(errors="replace"), origin, number)
+                continue
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 self.log.add(
                     origin.at(number), f"invalid JSON ({exc}); skipped", pk.MALFORMED, skipped=1
                 )
@@ -323,6 +326,19 @@ class _Reader:
             if wanted:
                 self.log.current_file = origin.display
                 self.memory_lines_python(lines, origin, wanted)
+
+    def _too_deep(self, text: str, origin: Origin, number: int) -> None:
+        """A line nested past ``json.loads``'s limit: keep the spans that decode alone."""
+        doc = deep.split(text, origin, number)
+        if doc is None:
+            self.log.add(
+                origin.at(number),
+                f"JSON nested too deep to decode ({len(text):,} characters); line skipped",
+                pk.MALFORMED,
+                skipped=1,
+            )
+            return
+        self.dispatch(doc, origin, number, whole_file=None)
 
     def _truncated(self, origin: Origin, line: int) -> None:
         self.log.add(
@@ -352,6 +368,9 @@ class _Reader:
                     pk.MALFORMED,
                     skipped=1,
                 )
+                continue
+            except RecursionError:
+                self._too_deep(line, origin, number)
                 continue
             self.dispatch(doc, origin, number, whole_file=None)
         if lines.cut is not None and report_cut:

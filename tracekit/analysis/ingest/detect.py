@@ -75,6 +75,7 @@ def sniff(path: Path) -> Sniffed:
     gz = is_gzip(path)
     lines = iter_lines(path, gz, keep_blank=True)
     number = 0
+    deep = 0
     for _, line in lines:
         number += 1
         text = line.strip()
@@ -85,10 +86,17 @@ def sniff(path: Path) -> Sniffed:
         if text[0] == "{":
             try:
                 doc = json.loads(text)
+            except RecursionError:
+                # A line nested too deep for the decoder is still a line: the line
+                # readers report it, and the next one tells what the file holds.
+                deep = deep or number
+                continue
             except json.JSONDecodeError:
                 return Sniffed(DOCUMENT, gz)
-            return Sniffed(LINES, gz, first_doc=doc, first_line=number)
+            return Sniffed(LINES, gz, first_doc=doc, first_line=deep or number)
         return Sniffed(DOCUMENT, gz)
+    if deep:
+        return Sniffed(LINES, gz, first_doc={}, first_line=deep)
     if lines.cut is not None:
         # A stream cut before its first line ends: the line readers report the cut.
         return Sniffed(LINES, gz, first_doc={}, first_line=lines.cut)
@@ -160,7 +168,11 @@ def iter_documents(text: str) -> Iterator[tuple[int, Any]]:
             pos += 1
         if pos >= end:
             return
-        doc, next_pos = decoder.raw_decode(text, pos)
+        try:
+            doc, next_pos = decoder.raw_decode(text, pos)
+        except RecursionError:
+            # Reported like any other JSON the decoder cannot take, where the value starts.
+            raise json.JSONDecodeError("nested too deep to decode", text, pos) from None
         yield line, doc
         line += text.count("\n", pos, next_pos)
         pos = next_pos
@@ -174,6 +186,6 @@ def looks_like_lines(text: str, is_trace: Callable[[Any], bool]) -> bool:
         if stripped.startswith("{") and stripped.endswith("}"):
             try:
                 good += bool(is_trace(json.loads(stripped)))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
     return good > 0

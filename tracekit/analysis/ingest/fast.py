@@ -43,6 +43,7 @@ from tracekit.analysis.ingest.otlp import attributes
 from tracekit.analysis.ingest.problems import ProblemLog
 from tracekit.analysis.ingest.rows import (
     MAX_ATTR_CHARS,
+    Malformed,
     Origin,
     Resource,
     dumps,
@@ -168,14 +169,27 @@ class Batch:
         self.files: dict[int, str] = {}
         self.n = 0
 
-    def add_line(self, doc: _Doc, lineno: int, origin: Origin) -> None:
+    def add_line(self, doc: _Doc, lineno: int, origin: Origin) -> bool:
+        """Add one decoded line's spans; False (nothing added) when Python must take it.
+
+        Resource attributes are decoded here by the reference decoder's
+        :func:`~tracekit.analysis.ingest.otlp.attributes`; one it finds malformed (or
+        that it would log a problem for) sends the whole line to the reference path.
+        """
+        try:
+            resources = [
+                Resource.from_attributes(
+                    attributes(rs.resource.attributes if rs.resource else None, origin, lineno)
+                )
+                for rs in doc.resourceSpans
+            ]
+        except Malformed:
+            return False
         if origin.file_no not in self.files:
             self.files[origin.file_no] = origin.display
         c = self.cols
         seq = 0
-        for rs in doc.resourceSpans:
-            attrs = attributes(rs.resource.attributes if rs.resource else None, origin, lineno)
-            r = Resource.from_attributes(attrs)
+        for rs, r in zip(doc.resourceSpans, resources, strict=True):
             res_no = len(self.res)
             self.res.append(
                 (
@@ -211,6 +225,7 @@ class Batch:
                 self.scope_seq0.append(seq)
                 seq += len(sp)
                 self.n += len(sp)
+        return True
 
     def flush(self, store: Store, *, wait: bool = True) -> None:
         """Stage the decoded spans; with ``wait=False`` the SQL runs on a thread of its own.
@@ -429,11 +444,13 @@ def read_lines(
                 continue
             try:
                 doc = _DECODER.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 if line.strip():
                     odd.append(lineno)
                 continue
-            batch.add_line(doc, lineno, origin)
+            if not batch.add_line(doc, lineno, origin):
+                odd.append(lineno)
+                continue
             if batch.n >= BATCH_SPANS:
                 batch.flush(store, wait=False)
     return odd, cut
@@ -451,7 +468,9 @@ def read_memory(store: Store, batch: Batch, lines: list[bytes], origin: Origin) 
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             odd.append(lineno)
             continue
-        batch.add_line(doc, lineno, origin)
+        if not batch.add_line(doc, lineno, origin):
+            odd.append(lineno)
+            continue
         if batch.n >= BATCH_SPANS:
             batch.flush(store, wait=False)
     return odd

@@ -27,8 +27,13 @@ from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.rows import (
     SPAN_HEX,
     TRACE_HEX,
+    Malformed,
     Origin,
     Resource,
+    as_list,
+    as_object,
+    as_scalar,
+    json_type,
     make_row,
     normalize_id,
     span_times,
@@ -59,9 +64,15 @@ def is_jaeger(doc: Any) -> bool:
 
 
 def tag_value(tag: dict[str, Any], origin: Origin, line: int) -> Any:
+    """A tag's value by its ``type``; raises :class:`Malformed` for an array or object.
+
+    Jaeger's tag values are scalars (its model has no nested values).
+    """
     key = str(tag.get("key"))
     value = tag.get("value")
-    kind = str(tag.get("type") or "string").lower()
+    if isinstance(value, (dict, list)):
+        raise Malformed(f"tag {key!r} value is {json_type(value)}, not a scalar")
+    kind = str(as_scalar(tag.get("type"), f"tag {key!r} type", str) or "string").lower()
     if kind == "bool":
         return value if isinstance(value, bool) else str(value).lower() == "true"
     if kind == "int64":
@@ -77,19 +88,24 @@ def tag_value(tag: dict[str, Any], origin: Origin, line: int) -> Any:
     return value
 
 
-def tags(items: Any, origin: Origin, line: int) -> dict[str, Any]:
+def tags(items: Any, origin: Origin, line: int, *, what: str = "tags") -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for tag in items if isinstance(items, list) else ():
-        if isinstance(tag, dict) and tag.get("key") is not None:
-            out[str(tag["key"])] = tag_value(tag, origin, line)
+    for tag in as_list(items, what):
+        if not isinstance(tag, dict):
+            raise Malformed(f"an item of {what} is {json_type(tag)}, not an object")
+        if tag.get("key") is not None:
+            key = as_scalar(tag["key"], f"a key of {what}", str, int, float)
+            out[str(key)] = tag_value(tag, origin, line)
     return out
 
 
 def _resource(process: Any, origin: Origin, line: int) -> Resource:
+    """A process as a resource; raises :class:`Malformed` for one of the wrong shape."""
     attrs: dict[str, Any] = {}
-    if isinstance(process, dict):
-        attrs[cv.SERVICE_NAME] = process.get("serviceName")
-        attrs.update(tags(process.get("tags"), origin, line))
+    process = as_object(process, "process")
+    if process is not None:
+        attrs[cv.SERVICE_NAME] = as_scalar(process.get("serviceName"), "serviceName", str)
+        attrs.update(tags(process.get("tags"), origin, line, what="process tags"))
         # Jaeger clients report the host as "hostname"; OTel calls it host.name.
         if HOSTNAME_TAG in attrs and cv.HOST_NAME not in attrs:
             attrs[cv.HOST_NAME] = attrs[HOSTNAME_TAG]
@@ -123,15 +139,21 @@ def decode(doc: Any, origin: Origin, line: int) -> Iterator[tuple[Any, ...]]:
                 seq += 1
                 yield row
         return
+    if not isinstance(doc.get("spans"), list):
+        origin.log.add(where, "'spans' is not a list; trace skipped", pk.MALFORMED, skipped=1)
+        return
     yield from _trace(doc, origin, line, 0)
 
 
 def _trace(trace: dict[str, Any], origin: Origin, line: int, seq: int) -> Iterator[tuple[Any, ...]]:
     processes = trace.get("processes")
-    resources = {
-        str(pid): _resource(p, origin, line)
-        for pid, p in (processes.items() if isinstance(processes, dict) else ())
-    }
+    resources: dict[str, Resource | str] = {}
+    for pid, p in processes.items() if isinstance(processes, dict) else ():
+        try:
+            resources[str(pid)] = _resource(p, origin, line)
+        except Malformed as exc:
+            # Only the spans of this process are lost; each says why.
+            resources[str(pid)] = f"its process {pid!r}: {exc}"
     for span in trace["spans"]:
         row = _span(span, trace, resources, origin, line, seq)
         seq += 1
@@ -142,7 +164,7 @@ def _trace(trace: dict[str, Any], origin: Origin, line: int, seq: int) -> Iterat
 def _span(
     span: Any,
     trace: dict[str, Any],
-    resources: dict[str, Resource],
+    resources: dict[str, Resource | str],
     origin: Origin,
     line: int,
     seq: int,
@@ -151,10 +173,32 @@ def _span(
     if not isinstance(span, dict):
         origin.log.add(where, "a span is not an object; skipped", pk.MALFORMED, skipped=1)
         return None
+    try:
+        return _checked_span(span, trace, resources, origin, line, seq)
+    except Malformed as exc:
+        name = span.get("operationName")
+        label = f"span {name!r}" if isinstance(name, str) else "a span"
+        origin.log.add(where, f"{label}: {exc}; skipped", pk.MALFORMED, skipped=1)
+        return None
+
+
+def _checked_span(
+    span: dict[str, Any],
+    trace: dict[str, Any],
+    resources: dict[str, Resource | str],
+    origin: Origin,
+    line: int,
+    seq: int,
+) -> tuple[Any, ...] | None:
+    where = origin.at(line)
+    for field in ("traceID", "spanID"):
+        as_scalar(span.get(field), field, str)
+    for field in ("startTime", "duration"):
+        as_scalar(span.get(field), field, str, int, float)
+    name = as_scalar(span.get("operationName"), "operationName", str)
     trace_id = normalize_id(span.get("traceID") or trace.get("traceID"), TRACE_HEX, origin, line)
     span_id = normalize_id(span.get("spanID"), SPAN_HEX, origin, line)
     if trace_id is None or span_id is None:
-        name = span.get("operationName")
         origin.log.add(
             where, f"span {name!r} has no traceID/spanID; skipped", pk.MALFORMED, skipped=1
         )
@@ -162,11 +206,19 @@ def _span(
     if "process" in span:
         resource = _resource(span["process"], origin, line)
     else:
-        resource = resources.get(str(span.get("processID")), _resource(None, origin, line))
+        found = resources.get(str(span.get("processID")))
+        if isinstance(found, str):
+            raise Malformed(found)
+        resource = found if found is not None else _resource(None, origin, line)
 
     parent: str | None = None
     links: list[dict[str, Any]] = []
-    refs = [r for r in span.get("references") or () if isinstance(r, dict)]
+    refs = as_list(span.get("references"), "references")
+    for ref in refs:
+        if not isinstance(ref, dict):
+            raise Malformed(f"a reference is {json_type(ref)}, not an object")
+        as_scalar(ref.get("traceID"), "a reference's traceID", str)
+        as_scalar(ref.get("spanID"), "a reference's spanID", str)
     candidates = [r for r in refs if str(r.get("refType", "")).upper() == "CHILD_OF"]
     candidates += [r for r in refs if str(r.get("refType", "")).upper() == "FOLLOWS_FROM"]
     chosen = None

@@ -118,12 +118,12 @@ class EventSink:
         if cat in DEVICE_CATS:
             times = self._times(ev)
             if times is not None:
-                self._device(str(ev.get("name")), cat, times[0], times[1], _args(ev))
+                self._device(_text(ev.get("name")), cat, times[0], times[1], _args(ev))
             return
         if cat in _DEVICE_SIDE:
             return
         args = _args(ev)
-        pid = ev.get("pid")
+        pid = _id(ev.get("pid"))
         self.pids[pid] = self.pids.get(pid, 0) + 1
         corr = args.get("correlation")
         if type(corr) is int and corr > 0:
@@ -153,7 +153,7 @@ class EventSink:
         times = self._times(ev)
         if times is None:
             return
-        iv = Interval(name, times[0], times[1], ev.get("tid"), args)
+        iv = Interval(name, times[0], times[1], _id(ev.get("tid")), args)
         if kept == "step":
             self.steps.append((int(m.group(1)), iv))  # type: ignore[union-attr]
         elif kept == "stage":
@@ -215,3 +215,13 @@ class EventSink:
 def _args(ev: dict[str, Any]) -> dict[str, Any]:
     args = ev.get("args")
     return args if type(args) is dict else {}
+
+
+def _id(value: Any) -> Any:
+    """A pid/tid as the file wrote it when it is a scalar (they key dicts); else None."""
+    return value if isinstance(value, (int, float, str)) else None
+
+
+def _text(value: Any) -> str:
+    # str() of a deeply nested list would recurse; a name is text or a number.
+    return str(value) if isinstance(value, (str, int, float)) else ""

@@ -99,6 +99,8 @@ class KinetoStream:
         while True:
             try:
                 value, end = _DECODER.raw_decode(self._buf, self._pos)
+            except RecursionError:
+                raise self._fail("a value nested too deep to decode") from None
             except json.JSONDecodeError as exc:
                 if len(self._buf) - self._pos > MAX_VALUE_CHARS or not self._fill():
                     at_end = self._eof and exc.pos >= len(self._buf) - 1

@@ -2,7 +2,8 @@
 
 Every oddity is counted by kind. Some kinds drop data (a malformed line, a span without
 ids): they add to :attr:`IngestReport.skipped`, make ``tracekit ingest`` exit 2, and
-stop a ``strict`` ingest at once. The rest (orphans, clock skew, duplicates, …) are
+stop a ``strict`` ingest at once. A parent cycle is repaired (kept, with a root) and
+stops a ``strict`` ingest too. The rest (orphans, clock skew, duplicates, …) are
 warnings: the data is kept as it came and the analysis copes with it.
 """
 
@@ -38,8 +39,16 @@ NON_HEX_ID = "non_hex_id"
 HUGE_ATTRIBUTE = "huge_attribute"
 """A string attribute longer than the limit; stored truncated."""
 
+# --- repaired: data kept, but a strict ingest fails ---------------------------------
+CYCLE = "cycle"
+"""Spans whose parents lead round in a circle (or a span that is its own parent); the
+span that closes it is stored as the root, so the trace is still a request."""
+
 SKIPPING_KINDS = frozenset({MALFORMED, SOURCE_ERROR})
 """Kinds whose problems always drop data (``unrecognized`` does when the file was named)."""
+
+FAILS_STRICT = frozenset({CYCLE})
+"""Kinds that drop nothing but stop a ``strict`` ingest: the stored data was repaired."""
 
 MAX_LISTED = 1000
 """Problems kept per kind in :attr:`IngestReport.problems`; all are counted."""
@@ -120,7 +129,7 @@ class ProblemLog:
 
     def add(self, where: str, reason: str, kind: str, *, skipped: int = 0, n: int = 1) -> None:
         """Record ``n`` problems of ``kind`` (one listed); ``skipped`` items were dropped."""
-        if skipped and self.strict:
+        if self.strict and (skipped or kind in FAILS_STRICT):
             raise IngestError(where, reason)
         self.counts[kind] = self.counts.get(kind, 0) + n
         self.skipped += skipped

@@ -32,6 +32,10 @@ number, line, position)."""
 MAX_ATTR_CHARS = 4096
 """String attribute values longer than this are truncated (and counted as huge)."""
 
+MAX_DEPTH = 32
+"""Nesting of ``arrayValue``/``kvlistValue`` (or Jaeger tag values) inside one attribute;
+deeper is malformed, as the receiver's ``tracekit.collect.decode.Limits.max_depth``."""
+
 TRACE_HEX = 32
 SPAN_HEX = 16
 _HEX = re.compile(r"[0-9a-f]+")
@@ -41,6 +45,56 @@ SPAN_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUM
 """OTLP ``Span.SpanKind`` by enum number."""
 STATUS_CODES = ("UNSET", "OK", "ERROR")
 """OTLP ``Status.StatusCode`` by enum number."""
+
+
+class Malformed(ValueError):
+    """A field of the wrong JSON type, or nested too deep: the span holding it is skipped.
+
+    Raised by the field checks below and caught where one span (or one resource) is
+    decoded, so a hostile field costs that span, never the file.
+    """
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for problem reasons."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def as_list(value: Any, what: str) -> list[Any]:
+    """``value`` when it is a JSON array, ``[]`` when absent; else :class:`Malformed`."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Malformed(f"{what} is {json_type(value)}, not an array")
+    return value
+
+
+def as_object(value: Any, what: str) -> dict[str, Any] | None:
+    """``value`` when it is a JSON object, None when absent; else :class:`Malformed`."""
+    if value is None or isinstance(value, dict):
+        return value
+    raise Malformed(f"{what} is {json_type(value)}, not an object")
+
+
+def as_scalar(value: Any, what: str, *types: type) -> Any:
+    """``value`` when absent or of one of ``types``; else :class:`Malformed`."""
+    if value is None or (
+        isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    ):
+        return value
+    raise Malformed(f"{what} is {json_type(value)}")
 
 
 @dataclass(frozen=True)

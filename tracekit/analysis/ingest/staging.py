@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from tracekit.analysis.ingest import cycles
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
 from tracekit.analysis.ingest.rows import STAGE_COLUMNS
@@ -105,6 +106,7 @@ def finalize(
                     pk.DUPLICATE,
                 )
         run(store, sql("keep_first"))
+    cycles.break_cycles(store, log)
 
     before = store.span_count()
     run(store, "BEGIN")
