@@ -106,9 +106,12 @@ def _store_unreadable(args: argparse.Namespace, exc: BaseException) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The first non-empty line: a database error quotes the whole query after it."""
+    """The first non-empty line (a database error quotes the whole query after it), with
+    control characters shown escaped: messages quote file and span names from the data."""
+    from tracekit.render.text import printable
+
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    return printable(lines[0]) if lines else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

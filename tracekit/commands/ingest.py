@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.store import open_store
     from tracekit.analysis.store.url import parse_store_url
     from tracekit.render.ingest import IngestOutcome, problem_lines
+    from tracekit.render.text import printable
 
     # A ClickHouse store is written through an in-memory staging store: the same readers
     # and problem log, then the spans go to the exporter's table (docs/clickhouse.md).
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.format == "table":
         for line in problem_lines(outcome):
-            print(line, file=sys.stderr)
+            print(printable(line), file=sys.stderr)
     emit(outcome, args.format)
     return outcome.exit_code
 

@@ -14,7 +14,8 @@ from typing import Any
 from tracekit.analysis.autoscale import rules as sr
 from tracekit.analysis.autoscale.audit import AutoscaleResult, fmt_signal, fmt_target
 from tracekit.analysis.autoscale.model import Window
-from tracekit.render.common import markdown_table, rich_to_text, to_json
+from tracekit.render.common import as_text, markdown_table, rich_to_text, to_json
+from tracekit.render.text import printable
 
 MAX_ROWS = 40
 """Windows shown in table and markdown output; JSON always has all of them."""
@@ -183,9 +184,12 @@ def _recommendation_lines(r: AutoscaleResult) -> list[str]:
 
 
 def _snippets(rec: Any) -> list[str]:
-    """Adapter rule + HPA, then the KEDA ScaledObject: both name the exported series."""
+    """Adapter rule + HPA, then the KEDA ScaledObject: both name the exported series.
+
+    Escaped line by line: the YAML's own newlines stay, a name's control characters do not.
+    """
     return [
-        s.rstrip()
+        "\n".join(printable(line) for line in s.rstrip().split("\n"))
         for s in (rec.adapter_rule + rec.hpa_snippet, "# or, with KEDA:\n" + rec.keda_snippet)
         if s.strip()
     ]
@@ -195,35 +199,35 @@ def render_table(r: AutoscaleResult) -> str:
     from rich.table import Table
     from rich.text import Text
 
-    parts: list[Any] = [Text(r.summary, style="bold"), Text(_rule_line(r))]
+    parts: list[Any] = [as_text(r.summary, style="bold"), as_text(_rule_line(r))]
     headers, rows = _rows(r)
-    table = Table(*headers, title="Windows", title_justify="left")
+    table = Table(*map(printable, headers), title="Windows", title_justify="left")
     for row in rows:
-        table.add_row(*row, style="red" if row[-1] == "MISSED" else None)
+        table.add_row(*map(as_text, row), style="red" if row[-1] == "MISSED" else None)
     parts.append(table)
     if len(_shown(r)) < len(r.windows):
         parts.append(Text(f"({len(r.windows) - len(_shown(r))} more windows in --format json)"))
     headers, rows = _signal_rows(r)
     signals = Table(*headers, title="Signals, best first", title_justify="left")
     for row in rows:
-        signals.add_row(*row)
+        signals.add_row(*map(as_text, row))
     parts.append(signals)
-    parts += [Text(line) for line in _recommendation_lines(r)]
+    parts += [as_text(line) for line in _recommendation_lines(r)]
     if r.recommendation is not None:
         parts += [Text(s) for s in _snippets(r.recommendation)]
-    parts += [Text(f"note: {n}", style="dim") for n in r.notes]
+    parts += [as_text(f"note: {n}", style="dim") for n in r.notes]
     return rich_to_text(*parts)
 
 
 def render_markdown(r: AutoscaleResult) -> str:
-    out = [f"**{r.summary}**", "", _rule_line(r), ""]
+    out = [f"**{printable(r.summary)}**", "", printable(_rule_line(r)), ""]
     out += [markdown_table(*_rows(r)), ""]
     out += ["Signals, best first:", "", markdown_table(*_signal_rows(r)), ""]
-    out += _recommendation_lines(r)
+    out += [printable(line) for line in _recommendation_lines(r)]
     if r.recommendation is not None:
         for snippet in _snippets(r.recommendation):
             out += ["", "```yaml", snippet, "```"]
-    out += [f"> note: {n}" for n in r.notes]
+    out += [f"> note: {printable(n)}" for n in r.notes]
     return "\n".join(out) + "\n"
 
 

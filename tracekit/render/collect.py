@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tracekit.render.text import printable
+
 if TYPE_CHECKING:
     from tracekit.collect import CollectStatus
 
@@ -13,7 +15,10 @@ def status_line(status: CollectStatus, *, final: bool = False) -> str:
 
     ``final`` gives the totals printed on exit instead of the rate.
     """
-    releases = ", ".join(status.releases) if status.releases else "no release yet"
+    # Release labels come from the spans: anyone who can write chooses them.
+    releases = (
+        ", ".join(printable(r) for r in status.releases) if status.releases else "no release yet"
+    )
     parts = [
         f"{status.spans_accepted:,} spans accepted"
         if final

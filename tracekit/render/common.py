@@ -1,4 +1,9 @@
-"""Formatting pieces every renderer shares: milliseconds, percentages, JSON, tables."""
+"""Formatting pieces every renderer shares: milliseconds, percentages, JSON, tables.
+
+Table and markdown text made here passes names through
+:func:`tracekit.render.text.printable`, and rich never reads markup or emoji codes in it:
+a name from a trace is shown as written, never acted on.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,14 @@ import io
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from tracekit.render.text import printable
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def ms(value: float | None, digits: int = 1) -> str:
@@ -61,20 +71,33 @@ def requests_text(kept: int, estimated: float) -> str:
     return f"{kept:,} requests kept (~{estimated:,.0f})"
 
 
+def markdown_cell(value: Any) -> str:
+    """``value`` as one markdown table cell: control characters and pipes escaped."""
+    return printable(str(value)).replace("|", "\\|")
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured markdown table (pipes in cells escaped)."""
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |"]
+    """A GitHub-flavoured markdown table (cells as :func:`markdown_cell`)."""
+    lines = ["| " + " | ".join(markdown_cell(h) for h in headers) + " |"]
     lines.append("|" + "|".join("---" for _ in headers) + "|")
-    lines.extend("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)
+    lines.extend("| " + " | ".join(markdown_cell(v) for v in row) + " |" for row in rows)
     return "\n".join(lines)
 
 
+def as_text(value: Any, style: str = "") -> Text:
+    """``value`` as a :class:`rich.text.Text` (never markup), control characters escaped."""
+    from rich.text import Text
+
+    return Text(printable(str(value)), style=style)
+
+
 def rich_to_text(*renderables: Any, width: int = 110) -> str:
-    """Render rich objects to a string (colour only when stdout is a terminal)."""
+    """Render rich objects to a string (colour only when stdout is a terminal).
+
+    Strings are shown as written: :func:`printable`, and neither rich markup
+    (``[bold]``, a stray ``[/]`` would even raise) nor emoji codes (``:x:``) are read.
+    Styled text is a :class:`rich.text.Text` built with ``printable`` by the caller.
+    """
     import sys
 
     from rich.console import Console
@@ -86,7 +109,9 @@ def rich_to_text(*renderables: Any, width: int = 110) -> str:
         force_terminal=sys.stdout.isatty(),
         color_system="auto" if sys.stdout.isatty() else None,
         highlight=False,
+        markup=False,
+        emoji=False,
     )
     for r in renderables:
-        console.print(r)
+        console.print(printable(r) if isinstance(r, str) else r)
     return buf.getvalue()

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 
 from tracekit.analysis.cohorts.bubbleup import AttributeLift
 from tracekit.analysis.compare.diff import DiffResult, Exemplar
 from tracekit.analysis.compare.wording import Flag
 from tracekit.render.common import (
+    as_text,
     markdown_table,
     ms,
     pct,
@@ -25,6 +25,7 @@ from tracekit.render.common import (
     signed_ms,
     to_json,
 )
+from tracekit.render.text import printable
 
 
 def _num(value: float, signed: bool = False) -> str:
@@ -145,11 +146,11 @@ def cohort_line(result: DiffResult) -> str:
 
 
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=as_text(title), title_justify="left", header_style="bold")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(as_text(cell) for cell in row))
     return table
 
 
@@ -157,9 +158,14 @@ def flag_lines(flags: Sequence[Flag]) -> list[str]:
     return [f"[{f.code}] {f.message}" for f in flags]
 
 
+def flag_items(flags: Sequence[Flag]) -> list[str]:
+    """Flags as markdown list items (``- **code**: message``)."""
+    return [f"- **{printable(f.code)}**: {printable(f.message)}" for f in flags]
+
+
 def render_table(result: DiffResult) -> str:
     parts: list[Any] = [
-        Text(result.verdict.summary, style="bold"),
+        as_text(result.verdict.summary, style="bold"),
         "",
         _table(
             f"Latency {result.before.label} → {result.after.label} ({result.confidence:.0%} bootstrap CI)",
@@ -167,7 +173,7 @@ def render_table(result: DiffResult) -> str:
             latency_rows(result),
         ),
         _table("Stages (ms)", STAGE_HEADERS, stage_rows(result)),
-        Text(cohort_line(result), style="dim"),
+        as_text(cohort_line(result), style="dim"),
     ]
     if result.attributes:
         parts += [
@@ -188,23 +194,23 @@ def render_table(result: DiffResult) -> str:
             ),
         ]
     if result.flags:
-        parts += ["", Text("Flags", style="bold")] + [
-            Text(line) for line in flag_lines(result.flags)
+        parts += ["", as_text("Flags", style="bold")] + [
+            as_text(line) for line in flag_lines(result.flags)
         ]
     return rich_to_text(*parts)
 
 
 def render_markdown(result: DiffResult) -> str:
     out = [
-        f"### tracekit diff: {result.before.label} → {result.after.label}",
+        f"### tracekit diff: {printable(result.before.label)} → {printable(result.after.label)}",
         "",
-        f"**{result.verdict.summary}**",
+        f"**{printable(result.verdict.summary)}**",
         "",
         markdown_table(LATENCY_HEADERS, latency_rows(result)),
         "",
         markdown_table(STAGE_HEADERS, stage_rows(result)),
         "",
-        f"_{cohort_line(result)}_",
+        f"_{printable(cohort_line(result))}_",
     ]
     if result.attributes:
         out += [
@@ -220,7 +226,7 @@ def render_markdown(result: DiffResult) -> str:
         ]
         out += ["", "Exemplar slow traces:", "", markdown_table(EXEMPLAR_HEADERS[:3], rows)]
     if result.flags:
-        out += [""] + [f"- **{f.code}**: {f.message}" for f in result.flags]
+        out += [""] + flag_items(result.flags)
     return "\n".join(out) + "\n"
 
 

@@ -17,7 +17,8 @@ from rich.text import Text
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution.explain import ExplainSpan, Explanation
-from tracekit.render.common import markdown_table, ms, pct, rich_to_text, to_json
+from tracekit.render.common import as_text, markdown_table, ms, pct, rich_to_text, to_json
+from tracekit.render.text import printable
 
 BAR_WIDTH = 40
 PATH_GLYPH = "█"
@@ -95,7 +96,8 @@ def _stage_label(span: ExplainSpan) -> str:
 
 
 def _label(span: ExplainSpan) -> str:
-    label = "  " * span.depth + span.name
+    # escaped before it is cut, so the cut never splits a character from its escape
+    label = "  " * span.depth + printable(span.name)
     return label if len(label) <= _NAME_WIDTH else label[: _NAME_WIDTH - 1] + "…"
 
 
@@ -114,10 +116,10 @@ def render_table(e: Explanation) -> str:
     for s in e.spans:
         spans.add_row(
             Text(STAR, style="bold red") if s.on_critical_path else "",
-            _label(s),
-            s.service or "",
-            _stage_label(s),
-            s.time_kind or "",
+            as_text(_label(s)),
+            as_text(s.service or ""),
+            as_text(_stage_label(s)),
+            as_text(s.time_kind or ""),
             f"{s.start_ms:.1f}",
             f"{s.duration_ms:.1f}",
             f"{s.critical_ms:.1f}" if s.on_critical_path else "",
@@ -134,8 +136,8 @@ def render_table(e: Explanation) -> str:
     stages.add_column("gpu", justify="right")
     for st in e.stages:
         stages.add_row(
-            st.stage,
-            st.time_kind,
+            as_text(st.stage),
+            as_text(st.time_kind),
             ms(st.critical_ms),
             pct(st.share),
             ms(st.wall_ms),
@@ -143,7 +145,7 @@ def render_table(e: Explanation) -> str:
             ms(st.gpu_ms),
         )
     legend = f"{STAR} on the critical path   {PATH_GLYPH} the span's own path time   {OFF_PATH_GLYPH} off the path"
-    parts: list[Any] = [Text(_title(e), style="bold"), headline(e), *_notes(e), ""]
+    parts: list[Any] = [as_text(_title(e), style="bold"), as_text(headline(e)), *_notes(e), ""]
     parts += [spans, Text(legend, style="dim"), "", Text("Per stage", style="bold"), stages]
     return rich_to_text(*parts, width=150)
 
@@ -166,7 +168,7 @@ def render_json(e: Explanation) -> str:
 
 def render_markdown(e: Explanation) -> str:
     """A markdown report: headline, stage split, then the waterfall in a table."""
-    lines = [f"### {_title(e)}", "", headline(e), ""]
+    lines = [f"### {printable(_title(e))}", "", printable(headline(e)), ""]
     lines += [f"> {n}" for n in _notes(e)]
     stage_rows = [
         [

@@ -16,7 +16,15 @@ from typing import Any
 from tracekit.analysis.gate.evaluate import GateResult
 from tracekit.analysis.gate.model import GateCheck
 from tracekit.analysis.gate.wording import observed_text
-from tracekit.render.common import markdown_table, ms, requests_text, rich_to_text, to_json
+from tracekit.render.common import (
+    as_text,
+    markdown_table,
+    ms,
+    requests_text,
+    rich_to_text,
+    to_json,
+)
+from tracekit.render.text import printable
 
 ICONS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
 _STYLES = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
@@ -128,25 +136,25 @@ HEADERS = ("Check", "Result", "Before", "After", "Change (CI)", "Budget", "Tail 
 
 def render_table(result: GateResult) -> str:
     from rich.table import Table
-    from rich.text import Text
 
-    table = Table(title=f"tracekit gate: {result.after.label} against {result.before.label}")
+    table = Table(
+        title=as_text(f"tracekit gate: {result.after.label} against {result.before.label}")
+    )
     for h in HEADERS:
         table.add_column(h, justify="right" if h in ("Before", "After") else "left")
     for c, row in zip(result.checks, _rows(result, icons=False), strict=True):
-        # Text cells, not markup: a stage name or message may contain brackets.
-        cells = [Text(cell) for cell in row]
+        cells = [as_text(cell) for cell in row]
         cells[1].stylize(_STYLES[c.result])
         table.add_row(*cells)
     parts: list[Any] = [table]
     for c in result.checks:
         if c.result != "pass":
-            parts.append(Text(f"{c.result}: {c.message}", style=_STYLES[c.result]))
+            parts.append(as_text(f"{c.result}: {c.message}", style=_STYLES[c.result]))
     if result.verdict is not None:
-        parts.append(Text(f"diff: {result.verdict.summary}"))
+        parts.append(as_text(f"diff: {result.verdict.summary}"))
     for w in result.warnings:
-        parts.append(Text(f"warning: {w.message}", style="yellow"))
-    parts.append(Text(result.summary, style=_STYLES[result.result]))
+        parts.append(as_text(f"warning: {w.message}", style="yellow"))
+    parts.append(as_text(result.summary, style=_STYLES[result.result]))
     return rich_to_text(*parts)
 
 
@@ -155,7 +163,7 @@ def render_markdown(result: GateResult) -> str:
     lines = [
         f"## {ICONS[result.result]} tracekit gate: {result.result}",
         "",
-        f"**{result.after.label}** against **{result.before.label}**: "
+        f"**{printable(result.after.label)}** against **{printable(result.before.label)}**: "
         f"{requests_text(result.before.requests, result.before.estimated_requests)} vs "
         f"{requests_text(result.after.requests, result.after.estimated_requests)}, "
         f"{result.confidence * 100:g}% confidence"
@@ -166,18 +174,24 @@ def render_markdown(result: GateResult) -> str:
     ]
     details = [c for c in result.checks if c.result != "pass"]
     if details:
-        lines.extend(f"- {ICONS[c.result]} **{c.name}**: {c.message}" for c in details)
+        lines.extend(
+            f"- {ICONS[c.result]} **{printable(c.name)}**: {printable(c.message)}" for c in details
+        )
         lines.append("")
     if result.verdict is not None:
-        lines.extend([f"**Where the time went:** {result.verdict.summary}", ""])
+        lines.extend([f"**Where the time went:** {printable(result.verdict.summary)}", ""])
     for w in result.warnings:
-        lines.extend([f"> ⚠️ **{w.code}**: {w.message}", ""])
-    lines.append(result.summary)
+        lines.extend([f"> ⚠️ **{printable(w.code)}**: {printable(w.message)}", ""])
+    lines.append(printable(result.summary))
     return "\n".join(lines) + "\n"
 
 
 def render_junit(result: GateResult) -> str:
-    """JUnit XML: ``<testsuites>`` holding one ``<testsuite name="tracekit gate">``."""
+    """JUnit XML: ``<testsuites>`` holding one ``<testsuite name="tracekit gate">``.
+
+    Names and messages pass through :func:`printable`: XML 1.0 cannot carry most control
+    characters at all, and CI pages show these strings as they are.
+    """
     counts = {r: sum(c.result == r for c in result.checks) for r in ICONS}
     attrs = {
         "tests": str(len(result.checks)),
@@ -190,8 +204,8 @@ def render_junit(result: GateResult) -> str:
     suite = ET.SubElement(root, "testsuite", {"name": "tracekit gate", **attrs})
     props = ET.SubElement(suite, "properties")
     for name, value in (
-        ("before", result.before.label),
-        ("after", result.after.label),
+        ("before", printable(result.before.label)),
+        ("after", printable(result.after.label)),
         ("confidence", f"{result.confidence:g}"),
         ("correction", result.correction),
         ("result", result.result),
@@ -201,19 +215,19 @@ def render_junit(result: GateResult) -> str:
         case = ET.SubElement(
             suite,
             "testcase",
-            {"classname": f"tracekit.gate.{c.metric}", "name": c.name, "time": "0"},
+            {"classname": f"tracekit.gate.{c.metric}", "name": printable(c.name), "time": "0"},
         )
+        message = printable(c.message)
         if c.result == "fail":
-            failure = ET.SubElement(
-                case, "failure", {"message": c.message, "type": "BudgetExceeded"}
-            )
-            failure.text = c.message
+            failure = ET.SubElement(case, "failure", {"message": message, "type": "BudgetExceeded"})
+            failure.text = message
         elif c.result == "inconclusive":
-            ET.SubElement(case, "skipped", {"message": f"inconclusive: {c.message}"})
+            ET.SubElement(case, "skipped", {"message": f"inconclusive: {message}"})
         else:
-            ET.SubElement(case, "system-out").text = c.message
+            ET.SubElement(case, "system-out").text = message
     out = ET.SubElement(suite, "system-out")
-    out.text = "\n".join([result.summary] + [f"warning: {w.message}" for w in result.warnings])
+    lines = [result.summary] + [f"warning: {w.message}" for w in result.warnings]
+    out.text = "\n".join(printable(line) for line in lines)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.analysis.ingest import IngestReport
+from tracekit.render.common import markdown_cell
+from tracekit.render.text import printable
 
 LISTED = 20
 """Problems named one per line; the rest are counted."""
@@ -64,7 +66,10 @@ def _warnings(outcome: IngestOutcome) -> list[tuple[str, str, int]]:
 
 
 def problem_lines(outcome: IngestOutcome) -> list[str]:
-    """The lines for stderr: skipped input by place, then one line per kind of warning."""
+    """The lines for stderr: skipped input by place, then one line per kind of warning.
+
+    Raw text (file names and ids as found); pass each through :func:`printable` to show it.
+    """
     r = outcome.report
     lines = [str(p) for p in r.skipping_problems[:LISTED]]
     if len(r.skipping_problems) > LISTED or r.skipped > LISTED:
@@ -106,7 +111,7 @@ def render_table(outcome: IngestOutcome) -> str:
             f"store: {outcome.store}: {outcome.written:,} spans written, "
             f"{outcome.already_present or 0:,} already there{created}"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def render_markdown(outcome: IngestOutcome) -> str:
@@ -120,10 +125,10 @@ def render_markdown(outcome: IngestOutcome) -> str:
         ("releases", ", ".join(r.releases) or "none labelled"),
         ("skipped", f"{r.skipped:,}"),
     ]
-    out = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    out = ["| | |", "|---|---|", *(f"| {k} | {markdown_cell(v)} |" for k, v in rows)]
     problems = problem_lines(outcome)
     if problems:
-        out += ["", *(f"- {line}" for line in problems)]
+        out += ["", *(f"- {printable(line)}" for line in problems)]
     return "\n".join(out)
 
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 
 from tracekit.analysis.compare.summary import SlowFast, Summary
 from tracekit.render.common import (
+    as_text,
     markdown_table,
     ms,
     pct,
@@ -24,8 +24,10 @@ from tracekit.render.diff import (
     attribute_rows,
     exemplar_headers,
     exemplar_rows,
+    flag_items,
     flag_lines,
 )
+from tracekit.render.text import printable
 
 SUMMARY_HEADERS = ["stage", "kind", "mean ms", "tail mean ms", "share of tail"]
 SLOW_HEADERS = ["stage", "kind", "fast mean ms", "slow mean ms", "delta ms", "share of gap"]
@@ -63,11 +65,11 @@ def slow_rows(r: SlowFast) -> list[list[str]]:
 
 
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=as_text(title), title_justify="left", header_style="bold")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i < 2 else "right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(as_text(cell) for cell in row))
     return table
 
 
@@ -75,15 +77,15 @@ def render_summaries_table(summaries: Sequence[Summary]) -> str:
     parts: list[Any] = []
     for s in summaries:
         parts += [
-            Text(s.summary, style="bold"),
-            Text(latency_line(s)),
+            as_text(s.summary, style="bold"),
+            as_text(latency_line(s)),
             _table(
                 f"Stages of {s.label} (tail = ≥ {s.cohort}, {s.tail_requests} requests)",
                 SUMMARY_HEADERS,
                 summary_rows(s),
             ),
         ]
-        parts += [Text(line, style="yellow") for line in flag_lines(s.flags)]
+        parts += [as_text(line, style="yellow") for line in flag_lines(s.flags)]
         parts.append("")
     return rich_to_text(*parts)
 
@@ -92,16 +94,16 @@ def render_summaries_markdown(summaries: Sequence[Summary]) -> str:
     out = []
     for s in summaries:
         out += [
-            f"### tracekit summary: {s.label}",
+            f"### tracekit summary: {printable(s.label)}",
             "",
-            f"**{s.summary}**",
+            f"**{printable(s.summary)}**",
             "",
-            latency_line(s),
+            printable(latency_line(s)),
             "",
             markdown_table(SUMMARY_HEADERS, summary_rows(s)),
             "",
         ]
-        out += [f"- **{f.code}**: {f.message}" for f in s.flags]
+        out += flag_items(s.flags)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -119,10 +121,10 @@ def _cohort_line(r: SlowFast) -> str:
 
 def render_slow_table(r: SlowFast) -> str:
     parts: list[Any] = [
-        Text(r.summary, style="bold"),
+        as_text(r.summary, style="bold"),
         "",
         _table("Stages, slow vs fast (critical-path ms, cohort means)", SLOW_HEADERS, slow_rows(r)),
-        Text(_cohort_line(r), style="dim"),
+        as_text(_cohort_line(r), style="dim"),
     ]
     if r.attributes:
         parts += [
@@ -139,26 +141,27 @@ def render_slow_table(r: SlowFast) -> str:
             ),
         ]
     if r.flags:
-        parts += ["", Text("Flags", style="bold")] + [Text(line) for line in flag_lines(r.flags)]
+        parts += ["", as_text("Flags", style="bold")]
+        parts += [as_text(line) for line in flag_lines(r.flags)]
     return rich_to_text(*parts)
 
 
 def render_slow_markdown(r: SlowFast) -> str:
     out = [
-        f"### tracekit slow: {r.label}",
+        f"### tracekit slow: {printable(r.label)}",
         "",
-        f"**{r.summary}**",
+        f"**{printable(r.summary)}**",
         "",
         markdown_table(SLOW_HEADERS, slow_rows(r)),
         "",
-        f"_{_cohort_line(r)}_",
+        f"_{printable(_cohort_line(r))}_",
     ]
     if r.attributes:
         out += ["", markdown_table(ATTRIBUTE_HEADERS, attribute_rows(r.attributes))]
     if r.exemplars:
         out += ["", markdown_table(exemplar_headers(r.exemplars), exemplar_rows(r.exemplars))]
     if r.flags:
-        out += [""] + [f"- **{f.code}**: {f.message}" for f in r.flags]
+        out += ["", *flag_items(r.flags)]
     return "\n".join(out) + "\n"
 
 

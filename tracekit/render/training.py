@@ -14,6 +14,7 @@ from typing import Any
 from tracekit.analysis.training.gate import TrainingGateResult
 from tracekit.analysis.training.model import RankRow, RunSteps, StepsResult, TrainingDiff
 from tracekit.render.common import _jsonable, markdown_table, ms, pct
+from tracekit.render.text import printable
 
 _SERIES = ("step_times_ms", "component_steps_ms", "samples_per_step")
 
@@ -102,9 +103,16 @@ def _frac(v: float | None) -> float | None:
 def _table(headers: list[str], rows: list[list[Any]], md: bool) -> list[str]:
     if md:
         return markdown_table(headers, rows).splitlines()
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    # escaped before measuring, so a run label or host name cannot skew the columns
+    cells = [[printable(str(v)) for v in r] for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*headers), *(fmt.format(*map(str, r)) for r in rows)]
+    return [fmt.format(*headers), *(fmt.format(*r) for r in cells)]
+
+
+def _join(lines: list[str]) -> str:
+    """The lines as text, each escaped: names in them come from the traces."""
+    return "\n".join(printable(line) for line in lines)
 
 
 def steps_text(result: StepsResult, md: bool = False) -> str:
@@ -114,7 +122,7 @@ def steps_text(result: StepsResult, md: bool = False) -> str:
         lines.append("")
     for f in [*result.flags, *(f for r in result.runs for f in r.flags)]:
         lines.append(f"note [{f.code}]: {f.message}")
-    return "\n".join(lines).rstrip() + "\n"
+    return _join(lines).rstrip() + "\n"
 
 
 STEPS_RENDERERS: dict[str, Callable[[StepsResult], str]] = {
@@ -152,7 +160,7 @@ def diff_text(d: TrainingDiff, md: bool = False) -> str:
     lines += ["", f"verdict: {d.verdict.bottleneck}", d.verdict.summary]
     for f in d.flags:
         lines.append(f"note [{f.code}]: {f.message}")
-    return "\n".join(lines) + "\n"
+    return _join(lines) + "\n"
 
 
 DIFF_RENDERERS: dict[str, Callable[[TrainingDiff], str]] = {
@@ -182,7 +190,7 @@ def gate_text(g: TrainingGateResult, md: bool = False) -> str:
     ]
     lines += _table(["budget", "result", "observed", "interval"], rows, md)
     lines += [""] + [c.message for c in g.checks]
-    return "\n".join(lines) + "\n"
+    return _join(lines) + "\n"
 
 
 GATE_RENDERERS: dict[str, Callable[[TrainingGateResult], str]] = {

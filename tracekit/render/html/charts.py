@@ -4,7 +4,9 @@ Each function turns one analysis result into one figure; the page (:mod:`.page`)
 the dicts to plotly.js in the browser. The figures draw the numbers the JSON renderers
 print — the quantile markers, intervals and shares are the result's own fields — and add
 only what a picture needs beside them: the quantile curve of every request, sampled at a
-few hundred levels with the weighted quantile the diff itself uses.
+few hundred levels with the weighted quantile the diff itself uses. Every name from the
+traces (stages, spans, services, releases) goes through
+:func:`~tracekit.render.html.escape.plot_text`, so plotly.js draws it as the text it is.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import weighted_quantiles
 from tracekit.analysis.compare.diff import DiffResult, LatencyRow
 from tracekit.analysis.compare.summary import SlowFast
+from tracekit.render.html.escape import plot_text
 
 Figure = dict[str, Any]
 
@@ -108,16 +111,19 @@ def quantile_curve(rel: ReleaseData, color: str, name: str | None = None) -> dic
     return {
         "type": "scatter",
         "mode": "lines",
-        "name": name or f"{rel.label} ({rel.n:,} requests)",
+        "name": name or f"{plot_text(rel.label)} ({rel.n:,} requests)",
         "x": [_nines(q) for q in levels],
         "y": [float(v) for v in values],
         "customdata": [q * 100 for q in levels],
         "line": {"color": color, "width": 2},
-        "hovertemplate": "p%{customdata:.2f}: %{y:.1f} ms<extra>" + rel.label + "</extra>",
+        "hovertemplate": "p%{customdata:.2f}: %{y:.1f} ms<extra>"
+        + plot_text(rel.label)
+        + "</extra>",
     }
 
 
 def _marker_trace(rows: Sequence[LatencyRow], which: str, label: str, color: str, ci: float) -> Any:
+    label = plot_text(label)
     xs = [_nines(_quantile_of(r.quantile)) for r in rows]
     ys = [getattr(r, which) for r in rows]
     trace: dict[str, Any] = {
@@ -167,7 +173,7 @@ def latency_curves(diff: DiffResult, before: ReleaseData, after: ReleaseData) ->
             _marker_trace(rows, "after", after.label, AFTER_COLOR, diff.confidence),
         ],
         "layout": _layout(
-            f"Latency by quantile: {before.label} vs {after.label} "
+            f"Latency by quantile: {plot_text(before.label)} vs {plot_text(after.label)} "
             f"(bars: {diff.confidence:.0%} bootstrap interval of the change)",
             420,
             xaxis=_nines_axis(top),
@@ -220,13 +226,14 @@ def counterfactual_shares(diff: DiffResult) -> Figure:
     stages = list(diff.stages)
     names = [s.name for s in stages]
     hover = [
-        f"<b>{s.name}</b> ({KIND_LABELS.get(s.kind, s.kind)})<br>"
+        f"<b>{plot_text(s.name)}</b> ({plot_text(KIND_LABELS.get(s.kind, s.kind))})<br>"
         f"removes {s.counterfactual_p99_removed_ms:+.1f} ms of the {diff.tail.cohort} growth"
         + (f" ({s.share:.0%})" if math.isfinite(s.share) else "")
         + f"<br>tail mean {s.tail_before_ms:.1f} → {s.tail_after_ms:.1f} ms"
         for s in stages
     ]
     texts = [f"{s.share:.0%}" if math.isfinite(s.share) else "" for s in stages]
+    names = [plot_text(n) for n in names]
     return {
         "data": _kind_bars(
             names,
@@ -236,8 +243,8 @@ def counterfactual_shares(diff: DiffResult) -> Figure:
             hover,
         ),
         "layout": _layout(
-            f"What the {diff.tail.cohort} growth loses if each stage is put back "
-            f"to {diff.before.label} (counterfactual)",
+            f"What the {plot_text(diff.tail.cohort)} growth loses if each stage is put back "
+            f"to {plot_text(diff.before.label)} (counterfactual)",
             max(220, 60 + 34 * len(stages)),
             barmode="overlay",
             xaxis={"title": {"text": "ms of tail growth removed"}, "zerolinecolor": "#868e96"},
@@ -270,8 +277,8 @@ def _box(rel: ReleaseData, stages: Sequence[str], color: str) -> dict[str, Any]:
     ]
     return {
         "type": "box",
-        "name": rel.label,
-        "x": list(stages),
+        "name": plot_text(rel.label),
+        "x": [plot_text(s) for s in stages],
         "lowerfence": [float(v[0]) for v in stats],
         "q1": [float(v[1]) for v in stats],
         "median": [float(v[2]) for v in stats],
@@ -302,12 +309,12 @@ def slow_gaps(slow: SlowFast) -> Figure:
     """Per stage: slow-cohort mean minus fast-cohort mean, coloured by kind."""
     stages = list(slow.stages)
     hover = [
-        f"<b>{s.name}</b> ({KIND_LABELS.get(s.kind, s.kind)})<br>"
+        f"<b>{plot_text(s.name)}</b> ({plot_text(KIND_LABELS.get(s.kind, s.kind))})<br>"
         f"slow {s.slow_mean_ms:.1f} ms vs fast {s.fast_mean_ms:.1f} ms"
         + (f"<br>{s.share:.0%} of the gap" if math.isfinite(s.share) else "")
         for s in stages
     ]
-    names = [s.name for s in stages]
+    names = [plot_text(s.name) for s in stages]
     return {
         "data": _kind_bars(
             names,
@@ -317,7 +324,7 @@ def slow_gaps(slow: SlowFast) -> Figure:
             hover,
         ),
         "layout": _layout(
-            f"{slow.label}: where slow requests (≥ {slow.cohort}) spend the time fast ones "
+            f"{plot_text(slow.label)}: where slow requests (≥ {plot_text(slow.cohort)}) spend the time fast ones "
             "(≤ p50) do not",
             max(220, 60 + 34 * len(stages)),
             barmode="overlay",
@@ -331,7 +338,7 @@ def slow_curve(slow: SlowFast, rel: ReleaseData) -> Figure:
     """One release's quantile curve with the fast and slow cohort thresholds marked."""
     marks = [
         (0.5, slow.fast_threshold_ms, "fast ≤ p50"),
-        (_quantile_of(slow.cohort), slow.slow_threshold_ms, f"slow ≥ {slow.cohort}"),
+        (_quantile_of(slow.cohort), slow.slow_threshold_ms, f"slow ≥ {plot_text(slow.cohort)}"),
     ]
     top = max(_nines(1.0 - 1.0 / max(rel.n, 2)), _nines(0.99) + 0.2)
     return {
@@ -343,7 +350,7 @@ def slow_curve(slow: SlowFast, rel: ReleaseData) -> Figure:
                 "name": "cohort thresholds",
                 "x": [_nines(q) for q, _, _ in marks],
                 "y": [v for _, v, _ in marks],
-                "text": [t for _, _, t in marks],
+                "text": [label for _, _, label in marks],
                 "textposition": "top left",
                 "marker": {"color": "#212529", "size": 9},
                 "hovertemplate": "%{text}: %{y:.1f} ms<extra></extra>",
@@ -351,7 +358,7 @@ def slow_curve(slow: SlowFast, rel: ReleaseData) -> Figure:
             },
         ],
         "layout": _layout(
-            f"Latency by quantile: {rel.label}",
+            f"Latency by quantile: {plot_text(rel.label)}",
             360,
             xaxis=_nines_axis(top),
             yaxis={
@@ -366,7 +373,7 @@ def slow_curve(slow: SlowFast, rel: ReleaseData) -> Figure:
 def _span_label(name: str, service: str | None, root_service: str | None) -> str:
     """The span's name, shortened, with its service when another one ran it."""
     label = name if len(name) <= 36 else name[:35] + "…"
-    return f"{label} [{service}]" if service and service != root_service else label
+    return plot_text(f"{label} [{service}]" if service and service != root_service else label)
 
 
 def waterfall(ex: Explanation) -> Figure:
@@ -383,7 +390,7 @@ def waterfall(ex: Explanation) -> Figure:
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": stage,
+                "name": plot_text(stage),
                 "y": idx,
                 "base": [ex.spans[i].start_ms for i in idx],
                 "x": [max(ex.spans[i].duration_ms, 1e-3) for i in idx],
@@ -391,9 +398,9 @@ def waterfall(ex: Explanation) -> Figure:
                 "marker": {"color": stage_color(stage), "line": {"color": "#495057", "width": 0.5}},
                 "customdata": [
                     [
-                        ex.spans[i].name,
-                        ex.spans[i].service or "",
-                        ex.spans[i].kind,
+                        plot_text(ex.spans[i].name),
+                        plot_text(ex.spans[i].service or ""),
+                        plot_text(ex.spans[i].kind),
                         ex.spans[i].start_ms,
                         ex.spans[i].duration_ms,
                         ex.spans[i].critical_ms,
@@ -401,7 +408,7 @@ def waterfall(ex: Explanation) -> Figure:
                     for i in idx
                 ],
                 "hovertemplate": "<b>%{customdata[0]}</b> (%{customdata[1]}, %{customdata[2]})"
-                "<br>stage " + stage + "<br>start %{customdata[3]:.2f} ms, "
+                "<br>stage " + plot_text(stage) + "<br>start %{customdata[3]:.2f} ms, "
                 "%{customdata[4]:.2f} ms long<br>on the critical path: %{customdata[5]:.2f} ms"
                 "<extra></extra>",
             }
@@ -428,7 +435,7 @@ def waterfall(ex: Explanation) -> Figure:
     return {
         "data": traces,
         "layout": _layout(
-            f"{ex.name} — {ex.duration_ms:.1f} ms, trace {ex.trace_id}",
+            f"{plot_text(ex.name)} — {ex.duration_ms:.1f} ms, trace {plot_text(ex.trace_id)}",
             max(240, 130 + 24 * n),
             barmode="overlay",
             xaxis={

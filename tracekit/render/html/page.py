@@ -4,6 +4,8 @@ The page carries everything it needs: plotly.js inlined (no CDN, so it opens fro
 artifact or an e-mail with no network), the figures as JSON, the tables as HTML, and the
 analysis results themselves as the JSON documents ``--format json`` prints, in a
 ``<script type="application/json" id="tracekit-results">`` block a script can read back.
+Whatever the traces' names hold, both JSON blocks stay valid JSON and the HTML holds them
+as text (:mod:`.escape`); a Jaeger link is drawn for http(s) URLs only.
 
 Sections appear only for the parts the report holds, in reading order: the verdict and
 the gate's outcome, latency by quantile, the counterfactual stage shares, per-stage
@@ -13,13 +15,9 @@ and training runs.
 
 from __future__ import annotations
 
-import html
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from tracekit import __version__
 from tracekit.errors import ConfigError
@@ -35,6 +33,7 @@ from tracekit.render.diff import (
 )
 from tracekit.render.gate import HEADERS as GATE_HEADERS
 from tracekit.render.html import charts
+from tracekit.render.html.escape import LINK_SCHEMES, e, link_url, script_json
 from tracekit.render.html.model import Report, Waterfall
 from tracekit.render.html.styles import CSS
 from tracekit.render.html.timeline import autoscale_timeline
@@ -46,31 +45,6 @@ def _plotly_js() -> str:
     except ImportError as exc:  # the analysis extra brings it
         raise ConfigError("the HTML report needs plotly: pip install 'tracekit[analysis]'") from exc
     return str(get_plotlyjs())
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-ready: NaN/inf → null, numpy → Python, floats rounded as ``--format json``."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [_clean(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        return _clean(obj.item())
-    if isinstance(obj, float):
-        return None if not math.isfinite(obj) else round(obj, 6)
-    return obj
-
-
-def script_json(obj: Any) -> str:
-    """JSON safe inside ``<script>``: ``</`` and ``<!--`` cannot end or open anything."""
-    text = json.dumps(_clean(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
-
-
-def e(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
@@ -238,11 +212,24 @@ def _diff_sections(page: Page, report: Report) -> None:
         page.section("evidence", "Over-represented in slow traces, and flags", *extra)
 
 
+def _refused_links(waterfalls: Sequence[Waterfall]) -> str:
+    """Says why the traces have no Jaeger link although a URL was given (the URL itself is
+    not repeated: it is whatever the flag or the span held)."""
+    if not any(w.url and not link_url(w.url) for w in waterfalls):
+        return ""
+    schemes = " and ".join(sorted(LINK_SCHEMES))
+    return (
+        '<p class="note" id="no-links">No Jaeger links: the trace URL is not an http(s) URL '
+        f"(only {schemes} are linked; check --jaeger-url).</p>"
+    )
+
+
 def _waterfall_block(page: Page, w: Waterfall) -> str:
     ex = w.explanation
+    url = link_url(w.url)
     link = (
-        f' <a class="jaeger" href="{e(w.url)}" target="_blank" rel="noopener">open in Jaeger</a>'
-        if w.url
+        f' <a class="jaeger" href="{e(url)}" target="_blank" rel="noopener">open in Jaeger</a>'
+        if url
         else ""
     )
     split = ", ".join(
@@ -341,6 +328,7 @@ def render_report(report: Report) -> str:
             '<p class="note">Bars are spans coloured by stage; the thin red bars are the '
             "critical path (last-finishing-child walk), the only time the request waited for."
             "</p>",
+            _refused_links(report.waterfalls),
             *blocks,
         )
     if report.autoscale is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from tracekit.analysis.autoscale import rules as sr
 from tracekit.analysis.autoscale.audit import AutoscaleResult
 from tracekit.render.html.charts import AFTER_COLOR, BEFORE_COLOR, CRITICAL_COLOR, Figure, _layout
+from tracekit.render.html.escape import plot_text
 
 GAP = 0.05
 """Vertical space between the stacked panels (fraction of the plot height)."""
@@ -32,7 +33,7 @@ def _panels(r: AutoscaleResult) -> list[tuple[str, str]]:
         panels.append((sr.CPU_UTILIZATION, "CPU per replica"))
     rec = r.recommendation
     if rec is not None and rec.signal not in (sr.CPU_UTILIZATION, sr.LATENCY):
-        panels.append((rec.signal, sr.SIGNAL_LABELS.get(rec.signal, rec.signal)))
+        panels.append((rec.signal, plot_text(sr.SIGNAL_LABELS.get(rec.signal, rec.signal))))
     return panels
 
 
@@ -67,8 +68,9 @@ def autoscale_timeline(r: AutoscaleResult) -> Figure:
     panels = _panels(r)
     domains = _domains(2 + len(panels))
     slo = r.slo
+    slo_label = plot_text(slo.label)
     hover_latency = [
-        f"window {w.index} ({w.requests} requests)<br>{slo.label} {w.latency_ms:.1f} ms"
+        f"window {w.index} ({w.requests} requests)<br>{slo_label} {w.latency_ms:.1f} ms"
         + (" — missed" if w.missed else " — broke the objective" if w.violating else "")
         + ("" if w.sufficient else " (too few requests to judge)")
         for w in r.windows
@@ -77,7 +79,7 @@ def autoscale_timeline(r: AutoscaleResult) -> Figure:
         {
             "type": "scatter",
             "mode": "lines+markers",
-            "name": f"{slo.label} per window",
+            "name": f"{slo_label} per window",
             "x": xs,
             "y": [_value(w.latency_ms) for w in r.windows],
             "text": hover_latency,
@@ -99,7 +101,7 @@ def autoscale_timeline(r: AutoscaleResult) -> Figure:
         {
             "type": "scatter",
             "mode": "lines",
-            "name": f"replicas {r.rule.controller_label} wants",
+            "name": f"replicas {plot_text(r.rule.controller_label)} wants",
             "x": xs,
             "y": [w.desired_replicas for w in r.windows],
             "line": {"color": "#212529", "shape": "hv", "dash": "dot"},
@@ -164,13 +166,13 @@ def autoscale_timeline(r: AutoscaleResult) -> Figure:
                     "layer": "below",
                 }
             )
-    lines = f"dashed red: objective {slo.text}"
+    lines = f"dashed red: objective {plot_text(slo.text)}"
     if rec is not None:
         lines += f"; blue: recommended target {rec.target:g}"
     return {
         "data": data,
         "layout": _layout(
-            f"Autoscaling time line, {r.release}: shaded = missed windows "
+            f"Autoscaling time line, {plot_text(r.release)}: shaded = missed windows "
             f"({r.missed_windows} of {r.violating_windows} that broke the objective)",
             220 + 150 * (2 + len(panels)),
             xaxis={

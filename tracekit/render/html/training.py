@@ -13,6 +13,7 @@ from typing import Any
 from tracekit import conventions as cv
 from tracekit.analysis.training.model import RunSteps, TrainingDiff
 from tracekit.render.html.charts import AFTER_COLOR, BEFORE_COLOR, Figure, _layout
+from tracekit.render.html.escape import plot_text
 
 # Per-rank parts of a step, each a field (or difference of fields) of RankRow.
 RANK_PARTS: tuple[tuple[str, str], ...] = (
@@ -65,7 +66,7 @@ def rank_stack(run: RunSteps) -> Figure:
     return {
         "data": data,
         "layout": _layout(
-            f"{run.label}: step time per rank ({run.world_size} ranks, mean ms per step)",
+            f"{plot_text(run.label)}: step time per rank ({run.world_size} ranks, mean ms per step)",
             340,
             barmode="stack",
             yaxis={"title": {"text": "ms per step"}, "gridcolor": "#eceff1"},
@@ -75,7 +76,7 @@ def rank_stack(run: RunSteps) -> Figure:
 
 def components(diff: TrainingDiff) -> Figure:
     """Each component's change in mean step time, coloured by the bottleneck it points at."""
-    names = [c.name for c in diff.components]
+    names = [plot_text(c.name) for c in diff.components]
     return {
         "data": [
             {
@@ -87,7 +88,9 @@ def components(diff: TrainingDiff) -> Figure:
                 "text": [f"{c.share:.0%}" if c.share is not None else "" for c in diff.components],
                 "textposition": "outside",
                 "cliponaxis": False,
-                "customdata": [[c.before_ms, c.after_ms, c.bottleneck] for c in diff.components],
+                "customdata": [
+                    [c.before_ms, c.after_ms, plot_text(c.bottleneck)] for c in diff.components
+                ],
                 "hovertemplate": "<b>%{y}</b> (%{customdata[2]})<br>%{customdata[0]:.1f} → "
                 "%{customdata[1]:.1f} ms per step<extra></extra>",
                 "marker": {
@@ -99,7 +102,8 @@ def components(diff: TrainingDiff) -> Figure:
             }
         ],
         "layout": _layout(
-            f"Step time by component: {diff.before.label} → {diff.after.label} "
+            f"Step time by component: {plot_text(diff.before.label)} → "
+            f"{plot_text(diff.after.label)} "
             "(labels: share of the time lost against ideal scaling)",
             max(220, 60 + 34 * len(names)),
             xaxis={"title": {"text": "ms per step, change"}, "zerolinecolor": "#868e96"},
@@ -111,7 +115,10 @@ def components(diff: TrainingDiff) -> Figure:
 def scaling(diff: TrainingDiff) -> Figure:
     """Throughput of both runs against the ideal (before × world-size ratio)."""
     b, a, s = diff.before, diff.after, diff.scaling
-    labels = [f"{b.label} ({b.world_size} ranks)", f"{a.label} ({a.world_size} ranks)"]
+    labels = [
+        f"{plot_text(b.label)} ({b.world_size} ranks)",
+        f"{plot_text(a.label)} ({a.world_size} ranks)",
+    ]
     values = [b.samples_per_s, a.samples_per_s]
     colors = [BEFORE_COLOR, AFTER_COLOR]
     if b.samples_per_s is not None:
