@@ -123,7 +123,7 @@ def test_without_slo_the_page_says_how_to_get_the_time_line(report_db: str, tmp_
     [
         (["--before", "v1", "--after", "v9"], "v9"),
         (["--before", "v1", "--after", "v2", "--slo", "fast"], "--slo"),
-        (["--before", "v1", "--after", "v2", "-o", "/nonexistent/dir/r.html"], "cannot write"),
+        (["--before", "v1", "--after", "v2", "-o", "/nonexistent/dir/r.html"], "does not exist"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(

@@ -11,10 +11,12 @@ from tracekit.commands._common import (
     add_format,
     add_store,
     add_version,
+    check_outputs,
     duration_type,
     emit,
     open_analysis_store,
     slo_type,
+    store_input,
 )
 from tracekit.commands.report import add_html
 from tracekit.errors import ConfigError
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
     if args.target is not None and args.signal is None:
         raise ConfigError("--target needs --signal (or give the rule with --hpa FILE)")
+    check_outputs({"--html": args.html}, {**store_input(args), "--hpa": args.rule_file})
     if args.rule_file:
         rule = load_rule(args.rule_file)
     elif args.signal:

@@ -13,6 +13,7 @@ from tracekit.commands._common import (
     add_releases,
     add_store,
     emit,
+    http_url_type,
     open_analysis_store,
 )
 
@@ -37,7 +38,11 @@ def register(sub: Any) -> None:
     add_releases(parser)
     add_filters(parser)
     parser.add_argument(
-        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
+        "--jaeger-url",
+        default=None,
+        type=http_url_type,
+        metavar="URL",
+        help="Jaeger UI base URL for exemplar links",
     )
     add_confidence(parser)
     add_format(parser)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from tracekit.commands._common import (
@@ -13,9 +12,12 @@ from tracekit.commands._common import (
     add_format,
     add_releases,
     add_store,
+    check_outputs,
     duration_ms_type,
     emit,
     open_analysis_store,
+    store_input,
+    write_output,
 )
 from tracekit.commands.report import add_html
 
@@ -84,14 +86,9 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _write(path: str, text: str) -> None:
-    from tracekit.errors import ConfigError
-
-    try:
-        with Path(path).open("w", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
+def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """What the gate reads, which no output flag may overwrite."""
+    return {**store_input(args), "--config": args.config}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, run_gate
     from tracekit.render.gate import render_junit, render_markdown
 
+    outputs = {"--html": args.html, "--junit": args.junit, "--markdown": args.markdown}
+    check_outputs(outputs, _inputs(args))
     config = load_config(args.config) if args.config else GateConfig()
     # training budgets (samples_per_s, step_ms…) are parsed by the training gate
     training_budgets = bool(args.budget) and all(_is_training_budget(b) for b in args.budget)
@@ -136,9 +135,10 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )
     if args.junit:
-        _write(args.junit, render_junit(result))
+        write_output(args.junit, render_junit(result), option="--junit", inputs=_inputs(args))
     if args.markdown:
-        _write(args.markdown, render_markdown(result))
+        markdown = render_markdown(result)
+        write_output(args.markdown, markdown, option="--markdown", inputs=_inputs(args))
     emit(result, args.format)
     return result.exit_code
 
@@ -165,6 +165,7 @@ def _training_gate(store: Any, args: argparse.Namespace, confidence: float) -> i
         store, args.before, args.after, args.budget, confidence=confidence, seed=args.seed
     )
     if args.markdown:
-        _write(args.markdown, GATE_RENDERERS["markdown"](result))
+        markdown = GATE_RENDERERS["markdown"](result)
+        write_output(args.markdown, markdown, option="--markdown", inputs=_inputs(args))
     emit(result, args.format)
     return result.exit_code

@@ -19,10 +19,15 @@ from tracekit.commands._common import (
     add_filters,
     add_releases,
     add_store,
+    check_outputs,
     duration_type,
+    http_url_type,
     open_analysis_store,
     slo_type,
+    store_input,
+    write_output,
 )
+from tracekit.render.text import printable
 
 if TYPE_CHECKING:
     from tracekit.analysis.autoscale.audit import AutoscaleResult
@@ -81,7 +86,11 @@ def register(sub: Any) -> None:
         help="gate budget such as 'p99<=+10%%' (repeatable; default p95 and p99 <= +10%%)",
     )
     parser.add_argument(
-        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for trace links"
+        "--jaeger-url",
+        default=None,
+        type=http_url_type,
+        metavar="URL",
+        help="Jaeger UI base URL for trace links",
     )
     add_filters(parser)
     add_confidence(parser)
@@ -89,16 +98,11 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def write_html(path: str | Path, text: str) -> Path:
-    """Write the page; an unwritable path is a one-line :class:`ConfigError`."""
-    from tracekit.errors import ConfigError
-
-    out = Path(path)
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    return out
+def write_html(path: str | Path, text: str, *, store: Store | None = None) -> Path:
+    """Write the page atomically; the store's own file or an unwritable path is a
+    one-line :class:`ConfigError` (:func:`~tracekit.commands._common.write_output`)."""
+    inputs = {"--db": store.path} if store is not None else None
+    return write_output(path, text, option="--html", inputs=inputs)
 
 
 def add_html(parser: argparse.ArgumentParser, what: str) -> None:
@@ -133,17 +137,18 @@ def write_gate_html(
         confidence=result.confidence,
         seed=seed,
     )
-    write_html(path, render_report(report))
+    write_html(path, render_report(report), store=store)
 
 
 def write_slow_html(path: str, store: Store, result: SlowFast, args: argparse.Namespace) -> None:
     """``tracekit slow --html``: slow vs fast, the release's curve and its exemplars."""
     from tracekit.render.html import render_report
 
+    check_outputs({"--html": path}, store_input(args))
     report = slow_report(
         store, result, service=getattr(args, "service", None), route=getattr(args, "route", None)
     )
-    write_html(path, render_report(report))
+    write_html(path, render_report(report), store=store)
 
 
 def write_autoscale_html(path: str, store: Store, result: AutoscaleResult) -> None:
@@ -153,7 +158,7 @@ def write_autoscale_html(path: str, store: Store, result: AutoscaleResult) -> No
     report = Report(
         title=f"tracekit autoscale: {result.release}", source=str(store.path), autoscale=result
     )
-    write_html(path, render_report(report))
+    write_html(path, render_report(report), store=store)
 
 
 def waterfalls(
@@ -299,6 +304,7 @@ def slow_report(
 def run(args: argparse.Namespace) -> int:
     from tracekit.render.html import render_report
 
+    check_outputs({"-o/--output": args.output}, store_input(args))
     with open_analysis_store(args, releases=(args.before, args.after)) as store:
         report = gather_report(
             store,
@@ -312,7 +318,9 @@ def run(args: argparse.Namespace) -> int:
             route=args.route,
             confidence=args.confidence,
         )
-    out = write_html(args.output, render_report(report))
+    out = write_output(
+        args.output, render_report(report), option="-o/--output", inputs=store_input(args)
+    )
     size = out.stat().st_size / 1e6
     verdict = (
         report.diff.verdict.summary
@@ -321,5 +329,5 @@ def run(args: argparse.Namespace) -> int:
         if report.training
         else ""
     )
-    print(f"wrote {out} ({size:.1f} MB): {verdict}")
+    print(printable(f"wrote {out} ({size:.1f} MB): {verdict}"))
     return 0

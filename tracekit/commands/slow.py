@@ -12,6 +12,7 @@ from tracekit.commands._common import (
     add_store,
     add_version,
     emit,
+    http_url_type,
     open_analysis_store,
 )
 from tracekit.commands.report import add_html
@@ -33,7 +34,11 @@ def register(sub: Any) -> None:
     add_version(parser, help="the release to read (needed when several are stored)")
     add_filters(parser)
     parser.add_argument(
-        "--jaeger-url", default=None, metavar="URL", help="Jaeger UI base URL for exemplar links"
+        "--jaeger-url",
+        default=None,
+        type=http_url_type,
+        metavar="URL",
+        help="Jaeger UI base URL for exemplar links",
     )
     add_html(parser, "slow vs fast with the exemplars' waterfalls")
     add_format(parser)

@@ -7,7 +7,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tracekit.commands._common import add_command
+from tracekit.commands._common import add_command, claim_output_dir
+
+DB_NAME = "tracekit.duckdb"
+"""The store the demo writes in its directory (the runner's ``DB_NAME``)."""
 
 DESCRIPTION_HEAD = """\
 Run the reference system on loopback and let tracekit find a regression.
@@ -133,7 +136,11 @@ def register(sub: Any) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="keep trace files, service logs and the DuckDB store in DIR (default: a temporary directory)",
+        help="keep trace files, service logs, the DuckDB store and the HTML report in DIR "
+        "(default: a temporary directory). DIR must be new, empty or one an earlier demo "
+        "wrote (it leaves a .tracekit-output file there): the demo replaces its own files, "
+        "and rather than pick a subdirectory you did not ask for, it refuses a directory "
+        "holding anything else, e.g. your own tracekit.duckdb",
     )
     parser.add_argument(
         "--seed", type=int, default=0, metavar="N", help="seed of arrivals, data and latencies"
@@ -165,10 +172,33 @@ def check_regression(name: str | None, *, training: bool) -> str:
     raise ConfigError(f"{mode} {name}: use one of {', '.join(own)}{hint}")
 
 
+def prepare_keep(path: Path) -> Path:
+    """Claim ``path`` for the demo's files (``--keep DIR``), before anything starts.
+
+    A new or empty directory, or one an earlier demo wrote, is the demo's; the store an
+    earlier demo left there is removed, so that this run's traces are not added to it.
+    A directory holding files the demo did not write, a file, or a path that cannot be
+    created is a :class:`ConfigError` of one line, and nothing there is touched.
+    """
+    from tracekit.errors import ConfigError
+
+    claim_output_dir(path, option="--keep", owner="tracekit demo")
+    try:
+        (path / DB_NAME).unlink(missing_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--keep {path}: cannot replace the earlier demo's {path / DB_NAME} "
+            f"({exc.strerror or exc}); give a new or empty directory"
+        ) from exc
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from tracekit.errors import ConfigError
 
     name = check_regression(args.regression, training=args.training)
+    if args.keep is not None:
+        prepare_keep(args.keep)
     if args.training:
         from tracekit.demo.training import run_training_demo
 

@@ -33,6 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tracekit.commands._common import claim_output_dir
 from tracekit.demo import downstream, service
 from tracekit.demo import settings as env
 from tracekit.demo.interleave import (
@@ -263,7 +264,8 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def _workdir(keep: Path | None) -> tuple[Path, bool]:
     if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
+        # Only a directory the demo may fill: it replaces the store and traces it finds.
+        claim_output_dir(keep, option="--keep", owner="tracekit demo")
         return keep, False
     return Path(tempfile.mkdtemp(prefix="tracekit-demo-")), True
 
