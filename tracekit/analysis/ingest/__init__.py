@@ -293,17 +293,25 @@ class _Reader:
     ) -> None:
         """Decode the ``wanted`` lines (numbered from ``first``) with the reference decoder."""
         for number in sorted(wanted):
-            try:
-                doc = json.loads(lines[number - first])
-            except RecursionError:
-                self._too_deep(lines[number - first].decode(errors="replace"), origin, number)
-                continue
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                self.log.add(
-                    origin.at(number), f"invalid JSON ({exc}); skipped", pk.MALFORMED, skipped=1
-                )
-                continue
-            self.dispatch(doc, origin, number, whole_file=None)
+            self._line(lines[number - first].decode(errors="replace"), origin, number)
+
+    def _line(self, text: str, origin: Origin, number: int) -> None:
+        """One JSON line through the reference decoder; a line that cannot be read is one
+        problem at its number, and one too deep keeps what decodes alone."""
+        try:
+            doc = json.loads(text.rstrip())
+        except json.JSONDecodeError as exc:
+            self.log.add(
+                origin.at(number),
+                f"invalid JSON ({exc.msg} at column {exc.colno}); line skipped",
+                pk.MALFORMED,
+                skipped=1,
+            )
+            return
+        except RecursionError:
+            self._too_deep(text, origin, number)
+            return
+        self.dispatch(doc, origin, number, whole_file=None)
 
     def _finish_fast(self) -> None:
         """Stage the shared batch, then decode in Python the lines it could not take."""
@@ -359,20 +367,7 @@ class _Reader:
     ) -> None:
         lines = detect.iter_lines(item.path, gz, wanted)
         for number, line in lines:
-            try:
-                doc = json.loads(line.rstrip())
-            except json.JSONDecodeError as exc:
-                self.log.add(
-                    origin.at(number),
-                    f"invalid JSON ({exc.msg} at column {exc.colno}); line skipped",
-                    pk.MALFORMED,
-                    skipped=1,
-                )
-                continue
-            except RecursionError:
-                self._too_deep(line, origin, number)
-                continue
-            self.dispatch(doc, origin, number, whole_file=None)
+            self._line(line, origin, number)
         if lines.cut is not None and report_cut:
             self._truncated(origin, lines.cut)
 
