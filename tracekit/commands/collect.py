@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
 import sys
-import threading
 from typing import Any
 
 from tracekit.commands._common import add_command, add_db
@@ -151,6 +147,7 @@ def _policy(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from tracekit.collect import Collector, Limits, read_token
+    from tracekit.collect.service import say, serve
     from tracekit.render.collect import status_line
 
     policy = _policy(args)
@@ -172,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             insecure=args.insecure,
-            on_error=lambda message: _say(f"tracekit collect: {message}", sys.stderr),
+            on_error=lambda message: say(f"tracekit collect: {message}", sys.stderr),
         )
     except OSError as exc:
         ports = f"{args.port}" + ("" if grpc_port is None else f" or {grpc_port}")
@@ -180,69 +177,22 @@ def run(args: argparse.Namespace) -> int:
             f"cannot listen on {args.host}:{ports}: {exc.strerror or exc}; pick free ports "
             "with --port/--grpc-port (0 picks one) or stop what holds them"
         ) from exc
-    stop = threading.Event()
-    signals = 0
-
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:  # a second signal: at once, whatever is left
-            os._exit(128 + signum)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        collector.start()
-        scheme = "https" if args.tls_cert else "http"
-        where = f"listening on {scheme}://{collector.address}/v1/traces (OTLP/HTTP)"
-        if collector.grpc_address:
-            where += f" and {collector.grpc_address} (OTLP/gRPC)"
-        _say(f"{where} -> {args.db}", sys.stdout)
-        live = _isatty(sys.stderr)
-        while not stop.wait(1.0):
-            if live:
-                _say("\r\x1b[2K" + status_line(collector.status()), sys.stderr, end="")
-        if live:
-            _say("\r\x1b[2K", sys.stderr, end="")
-        _say("stopping: answering requests in flight, writing what was accepted…", sys.stderr)
-        # Whatever happens to the writer, the process is gone soon after --drain.
-        watchdog = threading.Timer(args.drain + 2.0, lambda: os._exit(1))
-        watchdog.daemon = True
-        watchdog.start()
-        collector.stop(timeout=args.drain)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    status = collector.status()
-    _say(status_line(status, final=True), sys.stdout)
+    scheme = "https" if args.tls_cert else "http"
+    banner = f"listening on {scheme}://{collector.address}/v1/traces (OTLP/HTTP)"
+    if collector.grpc_address:
+        banner += f" and {collector.grpc_address} (OTLP/gRPC)"
+    status = serve(
+        collector,
+        drain=args.drain,
+        banner=f"{banner} -> {args.db}",
+        status_line=lambda st, final: status_line(st, final=final),
+    )
+    say(status_line(status, final=True), sys.stdout)
     if not collector.written_all:
-        _say(
+        say(
             f"tracekit collect: {status.pending_spans:,} accepted spans were not written "
             f"within --drain {args.drain:g} s; they are kept in {collector.wal.directory} "
             "and written at the next `tracekit collect --db` of this store",
             sys.stderr,
         )
     return 0
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (OSError, ValueError):
-        return False
-
-
-def _say(text: str, stream: Any, *, end: str = "\n") -> None:
-    """Write a line; a closed pipe or terminal must not stop the collector from flushing.
-
-    After a failed write the stream is pointed at /dev/null, so neither a later print nor
-    the interpreter's flush at exit raises again (Python's exit code would become 120).
-    """
-    try:
-        stream.write(text + end)
-        stream.flush()
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-            os.close(devnull)
