@@ -442,18 +442,23 @@ def read_lines(
             lineno += 1
             if len(line) < 3 and not line.strip():
                 continue
-            try:
-                doc = _DECODER.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                if line.strip():
-                    odd.append(lineno)
-                continue
-            if not batch.add_line(doc, lineno, origin):
+            if not _take(store, batch, line, lineno, origin) and line.strip():
                 odd.append(lineno)
-                continue
-            if batch.n >= BATCH_SPANS:
-                batch.flush(store, wait=False)
     return odd, cut
+
+
+def _take(store: Store, batch: Batch, line: bytes, lineno: int, origin: Origin) -> bool:
+    """Decode one line into ``batch`` (staged when full); False when msgspec or the
+    batch could not take it (it goes to the reference decoder)."""
+    try:
+        doc = _DECODER.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return False
+    if not batch.add_line(doc, lineno, origin):
+        return False
+    if batch.n >= BATCH_SPANS:
+        batch.flush(store, wait=False)
+    return True
 
 
 def read_memory(store: Store, batch: Batch, lines: list[bytes], origin: Origin) -> list[int]:
@@ -461,19 +466,11 @@ def read_memory(store: Store, batch: Batch, lines: list[bytes], origin: Origin) 
 
     Lines are numbered from 1; returns those msgspec could not take.
     """
-    odd: list[int] = []
-    for lineno, line in enumerate(lines, start=1):
-        try:
-            doc = _DECODER.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            odd.append(lineno)
-            continue
-        if not batch.add_line(doc, lineno, origin):
-            odd.append(lineno)
-            continue
-        if batch.n >= BATCH_SPANS:
-            batch.flush(store, wait=False)
-    return odd
+    return [
+        lineno
+        for lineno, line in enumerate(lines, start=1)
+        if not _take(store, batch, line, lineno, origin)
+    ]
 
 
 def take_odd_lines(store: Store) -> dict[int, set[int]]:
