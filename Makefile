@@ -52,10 +52,11 @@ demo: $(STAMP)
 	$(BIN)/tracekit demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check tracekit tests benchmarks
-	$(BIN)/ruff format --check tracekit tests benchmarks
+	$(BIN)/ruff check tracekit tests benchmarks .ci
+	$(BIN)/ruff format --check tracekit tests benchmarks .ci
 	$(BIN)/mypy tracekit
 	$(BIN)/lint-imports
+	$(BIN)/python .ci/thin_commands.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

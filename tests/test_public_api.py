@@ -8,6 +8,7 @@ import sys
 import tracekit
 
 EXPECTED = [
+    "Analysis",
     "BatchRecorder",
     "ConfigError",
     "DynamicBatcher",
@@ -28,6 +29,16 @@ EXPECTED = [
 def test_all_is_pinned_and_sorted() -> None:
     assert tracekit.__all__ == EXPECTED
     assert sorted(tracekit._EXPORTS) == EXPECTED
+
+
+def test_the_front_door_loads_neither_rich_nor_plotly() -> None:
+    # A library user asks questions; drawing tables or charts is the renderers' business.
+    code = (
+        "import sys; from tracekit import Analysis; Analysis.open;"
+        "print(','.join(m for m in ('rich','plotly') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
 
 
 def test_every_public_name_resolves() -> None:

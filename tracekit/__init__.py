@@ -7,7 +7,13 @@ in a serving process loads neither duckdb, rich nor torch::
     tracekit.configure(service_name="ranker", service_version="v2")
     tracekit.instrument_fastapi(app)
 
-The analyzer lives in :mod:`tracekit.analysis` and the ``tracekit`` command.
+The analyzer's front door is :class:`tracekit.Analysis` (also lazy: it needs the
+``analysis`` extra)::
+
+    with tracekit.Analysis.open("tracekit.duckdb") as analysis:
+        print(analysis.diff("v1", "v2").verdict.summary)
+
+and the ``tracekit`` command is a thin layer over it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ __version__ = "0.1.0"
 # The one table of the public API: public name -> module that defines it. ``__all__``
 # is derived from it, and tests/test_public_api.py pins both.
 _EXPORTS: dict[str, str] = {
+    "Analysis": "tracekit.analysis.facade",
     "BatchRecorder": "tracekit.instrumentation.batching",
     "ConfigError": "tracekit.errors",
     "DynamicBatcher": "tracekit.instrumentation.batching",
@@ -40,6 +47,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     # "X as X" marks each name as re-exported for type checkers and linters.
+    from tracekit.analysis.facade import Analysis as Analysis
     from tracekit.errors import ConfigError as ConfigError
     from tracekit.errors import TracekitError as TracekitError
     from tracekit.instrumentation.batching import BatchRecorder as BatchRecorder

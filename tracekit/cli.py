@@ -8,30 +8,42 @@ Each subcommand lives in ``tracekit/commands/<name>.py`` and exposes
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from tracekit import __version__
+from tracekit.commands import (
+    autoscale,
+    collect,
+    diff,
+    explain,
+    gate,
+    ingest,
+    report,
+    slow,
+    steps,
+    summary,
+)
 from tracekit.commands._common import Parser
+from tracekit.demo import command as demo
 from tracekit.errors import TracekitError, UsageError
 
-COMMANDS: dict[str, str] = {
-    "ingest": "tracekit.commands.ingest",
-    "summary": "tracekit.commands.summary",
-    "diff": "tracekit.commands.diff",
-    "slow": "tracekit.commands.slow",
-    "explain": "tracekit.commands.explain",
-    "gate": "tracekit.commands.gate",
-    "autoscale": "tracekit.commands.autoscale",
-    "steps": "tracekit.commands.steps",
-    "report": "tracekit.commands.report",
-    "collect": "tracekit.commands.collect",
-    # The demo sits above the CLI (it runs the other commands in-process), so its
-    # command module lives in its own package and is loaded here by name, like a plugin.
-    "demo": "tracekit.demo.command",
-}
-"""Subcommand -> the module whose ``register(subparsers)`` adds it, in help order."""
+COMMANDS: tuple[ModuleType, ...] = (
+    ingest,
+    summary,
+    diff,
+    slow,
+    explain,
+    gate,
+    autoscale,
+    steps,
+    report,
+    collect,
+    demo,
+)
+"""The modules whose ``register(subparsers)`` add each subcommand, in help order. Each
+imports what its command runs only when it runs, so ``tracekit --help`` stays quick."""
 
 DESCRIPTION = """\
 tracekit tells you where an inference request's latency goes and what a release changed.
@@ -52,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tracekit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMANDS.values():
-        importlib.import_module(module_name).register(sub)
+    for module in COMMANDS:
+        module.register(sub)
     return parser
 
 
@@ -91,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _is_database_error(exc: BaseException) -> bool:
     # The store package names the database's exceptions, so duckdb is imported there only.
     try:
-        from tracekit.analysis.store import DatabaseError
+        from tracekit.analysis.facade import DatabaseError
     except ImportError:
         return False
     return isinstance(exc, DatabaseError)

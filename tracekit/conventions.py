@@ -164,7 +164,7 @@ def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ..
     return tuple(builtin + others + tail)
 
 
-# --- training steps (DESIGN.md, "Training steps") ----------------------------------
+# --- training steps (docs/design.md, "Training steps") ----------------------------------
 RANK: Final = "tracekit.rank"
 """This process's rank in the training job (resource; also written on each step span)."""
 WORLD_SIZE: Final = "tracekit.world_size"

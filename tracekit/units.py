@@ -94,3 +94,25 @@ def parse_confidence(value: object, *, what: str = "confidence") -> float:
     if not 0.5 <= c < 1.0:
         raise ConfigError(f"{what} {value!r}: must lie in [0.5, 1), e.g. 0.95".strip())
     return c
+
+
+def parse_time_ns(value: object, *, what: str = "--since/--until") -> int:
+    """A point in time → Unix nanoseconds: a duration back from now (``2h``), an ISO-8601
+    time (``2026-01-01T10:00Z``; no zone means UTC), a :class:`datetime.datetime`, or
+    already nanoseconds (an ``int``)."""
+    import datetime as dt
+    import time
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, dt.datetime):
+        when = value
+    else:
+        text = str(value)
+        try:
+            when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            return time.time_ns() - int(parse_duration(text, what=what) * 1e9)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1_000

@@ -16,14 +16,10 @@ from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import bootstrap_quantiles, holm_adjust
 from tracekit.analysis.gate.budgets import parse_budgets
-from tracekit.analysis.gate.evaluate import (
-    EXIT_CODES,
-    GateVerdict,
-    coordinated_omission,
-    evaluate_gate,
-    overall,
-)
+from tracekit.analysis.gate.evaluate import coordinated_omission, evaluate_gate
 from tracekit.analysis.gate.statistics import holm_levels, window_bootstrap_quantiles
+from tracekit.analysis.results import Verdict, overall
+from tracekit.commands._common import EXIT_CODES
 from tracekit.errors import ConfigError, QueryError
 
 
@@ -95,7 +91,7 @@ def test_no_change_passes_at_small_and_large_samples(n: int) -> None:
     assert result.result == "pass", result.summary
     assert [c.name for c in result.checks] == ["p95 <= +10%", "p99 <= +10%"]
     assert all(c.ci_low < 0 < c.ci_high for c in result.checks)
-    assert result.exit_code == 0
+    assert EXIT_CODES[result.result] == 0
 
 
 @pytest.mark.parametrize(
@@ -145,7 +141,7 @@ def test_regression_in_a_tenth_of_requests_fails_at_5k_and_is_inconclusive_at_60
     p95, p99 = small.checks
     assert (p95.needed_samples, p99.needed_samples) == (200, 1_000)
     assert "about 1,000 requests per release" in p99.message
-    assert small.exit_code == 3
+    assert EXIT_CODES[small.result] == 3
 
 
 def test_ten_percent_growth_of_the_tail_fails_a_zero_tolerance_budget() -> None:
@@ -294,7 +290,7 @@ def test_failure_message_names_the_stage_and_kind_from_the_diff() -> None:
     rng = np.random.default_rng(15)
     before = latency_release("v1", lognormal(rng, 5_000))
     after = latency_release("v2", lognormal(rng, 5_000) * 1.4)
-    verdict = GateVerdict(cv.BATCH_QUEUE, "wait", "batch_queue wait grew the tail", 0.82)
+    verdict = Verdict(cv.BATCH_QUEUE, "wait", 0.82, "batch_queue wait grew the tail")
     result = evaluate_gate(before, after, parse_budgets(["p99<=+10%"]), verdict=verdict)
     (check,) = result.checks
     assert re.fullmatch(

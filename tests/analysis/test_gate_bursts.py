@@ -29,7 +29,7 @@ from tracekit.analysis.compare.intervals import (
 )
 from tracekit.analysis.gate.budgets import parse_budgets
 from tracekit.analysis.gate.evaluate import BURSTY_TAIL, evaluate_gate
-from tracekit.analysis.gate.model import FAIL, PASS
+from tracekit.analysis.results import FAIL, PASS
 from tracekit.render.gate import render_json
 
 SECONDS = 60

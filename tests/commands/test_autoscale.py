@@ -9,7 +9,7 @@ import pytest
 
 from tracekit import conventions as cv
 from tracekit.cli import main
-from tracekit.commands._common import duration_type
+from tracekit.commands._types import duration_type
 
 from ..analysis.autoscale_timelines import queueing_timeline
 

@@ -4,7 +4,7 @@ One interleaved run serves every case: v1 and one v2 per regression (labelled
 ``v2-<kind>``) start together and take turns under load in short blocks, the others
 frozen meanwhile (:mod:`tracekit.demo.interleave`), so a busy machine slows every
 release alike instead of whichever ran while it was busy. Each case then reads the
-verdict of ``tracekit diff --format json`` for v1 against its v2 from one shared store.
+verdict of ``tracekit diff`` (``Analysis.diff``) for v1 against its v2 from one shared store.
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ def test_every_release_served_every_request(runs: dict[str, ReleaseRun]) -> None
 def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
     regression = REGRESSIONS[kind]
     verdict = diff_verdict(store, "v1", f"v2-{kind}")
-    message = f"{kind}: {verdict.get('summary')}"
-    assert verdict["kind"] == regression.expected_kind, message
+    message = f"{kind}: {verdict.summary}"
+    assert verdict.kind == regression.expected_kind, message
     if regression.expected_stages:
-        assert verdict["primary_stage"] in regression.expected_stages, message
+        assert verdict.primary_stage in regression.expected_stages, message
 
 
 def test_ctrl_c_during_an_interleaved_run_stops_every_process(tmp_path: Path) -> None:

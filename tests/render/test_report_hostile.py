@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tracekit import Analysis
 from tracekit.analysis.store import open_store
-from tracekit.commands.report import gather_report
 from tracekit.render.html import render_report
 from tracekit.testing import TraceBuilder
 
@@ -74,8 +74,8 @@ def hostile_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _page(db: str, jaeger_url: str | None = None) -> str:
     # The library entry the CLI calls: the renderer must be safe whatever the CLI lets by.
-    with open_store(db) as store:
-        report = gather_report(store, "v1", "v2", jaeger_url=jaeger_url)
+    with Analysis.open(db) as analysis:
+        report = analysis.report("v1", "v2", jaeger_url=jaeger_url)
     return render_report(report)
 
 

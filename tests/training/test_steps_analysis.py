@@ -70,7 +70,7 @@ def test_the_same_run_at_8_and_64_ranks_has_no_bottleneck(tmp_path):
         g = gate_runs(store, "8gpu", "64gpu")
     assert d.scaling.ideal == 8.0 and d.scaling.efficiency == pytest.approx(1.0, abs=0.05)
     assert d.verdict.bottleneck == "none"
-    assert g.result == "pass" and g.exit_code == 0
+    assert g.result == "pass" and g.exit_code is None  # the CLI sets it
 
 
 def test_clock_offsets_between_hosts_are_aligned_and_flagged(tmp_path):
@@ -109,7 +109,7 @@ def test_json_has_the_documented_keys(tmp_path):
 def test_gate_budget_on_step_time_fails_a_slower_run(tmp_path):
     with _store(tmp_path, transfer_ms=40.0) as store:
         g = gate_runs(store, "8gpu", "64gpu", ["step_ms.p50<=+10%", "samples_per_s>=100"])
-    assert [c.result for c in g.checks] == ["fail", "pass"] and g.exit_code == 1
+    assert [c.result for c in g.checks] == ["fail", "pass"] and g.result == "fail"
 
 
 def test_stage_names_are_the_conventions():

@@ -52,6 +52,32 @@ class SamplingPolicy:
     decision_wait: float = 5.0
     window: int = 1000
 
+    @classmethod
+    def from_options(
+        cls,
+        keep_slowest: float | None,
+        sample_rest: float | None,
+        decision_wait: float = 5.0,
+        window: int = 1000,
+    ) -> SamplingPolicy | None:
+        """The policy the options ask for (None: keep every trace); a combination that
+        cannot estimate quantiles, or a value out of range, is a :class:`ConfigError`."""
+        if keep_slowest is None and sample_rest is None:
+            return None
+        if sample_rest is None:
+            raise ConfigError(
+                "--keep-slowest needs --sample-rest FRACTION too: without some of the other "
+                "traces no quantile below the kept tail can be estimated"
+            )
+        keep = 0.0 if keep_slowest is None else keep_slowest
+        if not 0 <= keep <= 100:
+            raise ConfigError(f"--keep-slowest {keep}: a percentage from 0 to 100")
+        if not 0 < sample_rest <= 1:
+            raise ConfigError(f"--sample-rest {sample_rest}: a fraction above 0, at most 1")
+        if decision_wait < 0:
+            raise ConfigError("--decision-wait: seconds, 0 or more")
+        return cls(keep, sample_rest, decision_wait, window)
+
 
 @dataclass
 class CollectStatus:

@@ -17,6 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tracekit.collect.server import Collector, CollectStatus
+from tracekit.errors import ConfigError
+
+StatusLine = Callable[[CollectStatus, bool], str]
+"""``(status, final) -> line``: how the caller shows the live and the closing status."""
 
 
 def say(text: str, stream: Any, *, end: str = "\n") -> None:
@@ -81,3 +85,52 @@ def serve(
         for s, handler in previous.items():
             signal.signal(s, handler)
     return collector.status()
+
+
+def run_collector(
+    db: str,
+    *,
+    host: str,
+    port: int,
+    grpc_port: int | None,
+    drain: float,
+    status_line: StatusLine,
+    tls_cert: str | None = None,
+    **options: Any,
+) -> CollectStatus:
+    """``tracekit collect`` from start to exit: listen, serve until a signal, drain.
+
+    ``options`` go to :class:`Collector`. A port that cannot be bound is a one-line
+    :class:`ConfigError`; spans accepted but not written within ``drain`` are named on
+    stderr (they stay in the write-ahead log for the next start).
+    """
+    try:
+        collector = Collector(
+            db,
+            host=host,
+            port=port,
+            grpc_port=grpc_port,
+            tls_cert=tls_cert,
+            on_error=lambda message: say(f"tracekit collect: {message}", sys.stderr),
+            **options,
+        )
+    except OSError as exc:
+        ports = f"{port}" + ("" if grpc_port is None else f" or {grpc_port}")
+        raise ConfigError(
+            f"cannot listen on {host}:{ports}: {exc.strerror or exc}; pick free ports "
+            "with --port/--grpc-port (0 picks one) or stop what holds them"
+        ) from exc
+    scheme = "https" if tls_cert else "http"
+    banner = f"listening on {scheme}://{collector.address}/v1/traces (OTLP/HTTP)"
+    if collector.grpc_address:
+        banner += f" and {collector.grpc_address} (OTLP/gRPC)"
+    status = serve(collector, drain=drain, banner=f"{banner} -> {db}", status_line=status_line)
+    say(status_line(status, True), sys.stdout)
+    if not collector.written_all:
+        say(
+            f"tracekit collect: {status.pending_spans:,} accepted spans were not written "
+            f"within --drain {drain:g} s; they are kept in {collector.wal.directory} "
+            "and written at the next `tracekit collect --db` of this store",
+            sys.stderr,
+        )
+    return status

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import (
     add_filters,
     add_format,
+    add_html,
     add_store,
     add_version,
-    check_outputs,
-    duration_type,
-    emit,
-    open_analysis_store,
-    slo_type,
+    open_analysis,
     store_input,
 )
-from tracekit.commands.report import add_html
+from tracekit.commands._pages import write_page
+from tracekit.commands._types import duration_type, slo_type
 from tracekit.errors import ConfigError
+from tracekit.outputs import check_outputs
 
 DESCRIPTION = """\
 Replay a scaling rule (Kubernetes HPA, KEDA ScaledObject, Ray Serve autoscaling_config,
@@ -67,34 +66,24 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.autoscale import rules as sr
-    from tracekit.analysis.autoscale.audit import audit_autoscaling
-    from tracekit.analysis.autoscale.rule_files import load_rule
-
     if args.signal is not None and args.target is None:
         raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
     if args.target is not None and args.signal is None:
         raise ConfigError("--target needs --signal (or give the rule with --hpa FILE)")
     check_outputs({"--html": args.html}, {**store_input(args), "--hpa": args.rule_file})
-    if args.rule_file:
-        rule = load_rule(args.rule_file)
-    elif args.signal:
-        target = sr.parse_target(args.signal, args.target)
-        rule = sr.rule_from_flags(args.signal, target, args.min_replicas, args.max_replicas)
-    else:
-        rule = sr.default_rule()
-    with open_analysis_store(args, releases=args.release) as store:
-        result = audit_autoscaling(
-            store,
-            release=args.release,
-            rule=rule,
+    with open_analysis(args, releases=args.release) as analysis:
+        result = analysis.autoscale(
+            args.release,
             slo=args.slo,
+            rule=args.rule_file,
+            signal=args.signal,
+            target=args.target,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
             window_s=args.window,
             service=args.service,
         )
         if args.html:
-            from tracekit.commands.report import write_autoscale_html
-
-            write_autoscale_html(args.html, store, result)
+            write_page(args.html, analysis.autoscale_report(result), args, option="--html")
     emit(result, args.format)
     return 0

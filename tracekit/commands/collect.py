@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tracekit.commands._common import add_command, add_db
+from tracekit.commands._common import add_command
+from tracekit.commands._options import add_db
 from tracekit.errors import ConfigError
 
 DESCRIPTION = """\
@@ -47,152 +47,50 @@ def register(sub: Any) -> None:
         description=DESCRIPTION,
     )
     add_db(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address both receivers listen on")
-    parser.add_argument(
-        "--port", type=int, default=4318, help="OTLP/HTTP port (4318 is OTLP's; 0 picks a free one)"
-    )
-    parser.add_argument(
-        "--grpc-port",
-        type=int,
-        default=4317,
-        help="OTLP/gRPC port (4317 is OTLP's; 0 picks a free one; -1 turns gRPC off)",
-    )
-    security = parser.add_argument_group("who may write")
-    security.add_argument(
-        "--auth-token-file",
-        metavar="FILE",
-        help="require `Authorization: Bearer TOKEN` (TOKEN: the file's first line) on both protocols",
-    )
-    security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
-    security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    security.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow a non-loopback --host without a token (anyone reaching it can write)",
-    )
-    sampling = parser.add_argument_group("tail sampling")
-    sampling.add_argument(
-        "--keep-slowest",
-        type=float,
-        metavar="PCT",
-        help="keep every trace in the slowest PCT %% of its route and release",
-    )
-    sampling.add_argument(
-        "--sample-rest",
-        type=float,
-        metavar="FRACTION",
-        help="keep this fraction (0..1] of the other traces, weighted 1/FRACTION",
-    )
-    sampling.add_argument(
-        "--decision-wait",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="wait this long after a trace's first span before deciding",
-    )
-    sampling.add_argument(
-        "--window", type=int, default=1000, metavar="N", help="requests per route the PCT uses"
-    )
-    limits = parser.add_argument_group("limits")
-    limits.add_argument(
-        "--max-pending-spans",
-        type=int,
-        default=200_000,
-        metavar="N",
-        help="spans held in memory before clients are told to retry (429)",
-    )
-    limits.add_argument(
-        "--flush-interval",
-        type=float,
-        default=0.2,
-        metavar="SECONDS",
-        help="longest an accepted span waits for its batch to start being written to the store",
-    )
-    limits.add_argument(
-        "--max-body-mib",
-        type=float,
-        default=20.0,
-        metavar="MIB",
-        help="largest request body, before and after decompression (the OTel Collector's default)",
-    )
-    limits.add_argument(
-        "--drain",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="on SIGTERM/SIGINT: longest wait to answer requests in flight and write",
-    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address both receivers listen on")
+    add("--port", type=int, default=4318, help="OTLP/HTTP port (4318 is OTLP's; 0 picks a free one)")  # fmt: skip
+    add("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (4317 is OTLP's; 0 picks a free one; -1 turns gRPC off)")  # fmt: skip
+    add = parser.add_argument_group("who may write").add_argument
+    add("--auth-token-file", metavar="FILE", help="require `Authorization: Bearer TOKEN` (TOKEN: the file's first line) on both protocols")  # fmt: skip
+    add("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    add("--tls-key", metavar="PEM", help="the certificate's private key")
+    add("--insecure", action="store_true", help="allow a non-loopback --host without a token (anyone reaching it can write)")  # fmt: skip
+    add = parser.add_argument_group("tail sampling").add_argument
+    add("--keep-slowest", type=float, metavar="PCT", help="keep every trace in the slowest PCT %% of its route and release")  # fmt: skip
+    add("--sample-rest", type=float, metavar="FRACTION", help="keep this fraction (0..1] of the other traces, weighted 1/FRACTION")  # fmt: skip
+    add("--decision-wait", type=float, default=5.0, metavar="SECONDS", help="wait this long after a trace's first span before deciding")  # fmt: skip
+    add("--window", type=int, default=1000, metavar="N", help="requests per route the PCT uses")
+    add = parser.add_argument_group("limits").add_argument
+    add("--max-pending-spans", type=int, default=200_000, metavar="N", help="spans held in memory before clients are told to retry (429)")  # fmt: skip
+    add("--flush-interval", type=float, default=0.2, metavar="SECONDS", help="longest an accepted span waits for its batch to start being written to the store")  # fmt: skip
+    add("--max-body-mib", type=float, default=20.0, metavar="MIB", help="largest request body, before and after decompression (the OTel Collector's default)")  # fmt: skip
+    add("--drain", type=float, default=10.0, metavar="SECONDS", help="on SIGTERM/SIGINT: longest wait to answer requests in flight and write")  # fmt: skip
     parser.set_defaults(handler=run)
 
 
-def _policy(args: argparse.Namespace) -> Any:
-    from tracekit.collect import SamplingPolicy
-
-    if args.keep_slowest is None and args.sample_rest is None:
-        return None
-    if args.sample_rest is None:
-        raise ConfigError(
-            "--keep-slowest needs --sample-rest FRACTION too: without some of the other "
-            "traces no quantile below the kept tail can be estimated"
-        )
-    keep = 0.0 if args.keep_slowest is None else args.keep_slowest
-    if not 0 <= keep <= 100:
-        raise ConfigError(f"--keep-slowest {keep}: a percentage from 0 to 100")
-    if not 0 < args.sample_rest <= 1:
-        raise ConfigError(f"--sample-rest {args.sample_rest}: a fraction above 0, at most 1")
-    if args.decision_wait < 0:
-        raise ConfigError("--decision-wait: seconds, 0 or more")
-    return SamplingPolicy(keep, args.sample_rest, args.decision_wait, args.window)
-
-
 def run(args: argparse.Namespace) -> int:
-    from tracekit.collect import Collector, Limits, read_token
-    from tracekit.collect.service import say, serve
+    from tracekit.collect import Limits, SamplingPolicy, read_token
+    from tracekit.collect.service import run_collector
     from tracekit.render.collect import status_line
 
-    policy = _policy(args)
+    policy = SamplingPolicy.from_options(args.keep_slowest, args.sample_rest, args.decision_wait, args.window)  # fmt: skip
     if args.max_body_mib <= 0 or args.drain <= 0:
         raise ConfigError("--max-body-mib and --drain must be above 0")
-    token = read_token(args.auth_token_file) if args.auth_token_file else None
-    grpc_port = None if args.grpc_port < 0 else args.grpc_port
-    try:
-        collector = Collector(
-            args.db,
-            host=args.host,
-            port=args.port,
-            grpc_port=grpc_port,
-            sampling=policy,
-            max_pending_spans=args.max_pending_spans,
-            flush_interval=args.flush_interval,
-            limits=Limits(max_body_bytes=int(args.max_body_mib * (1 << 20))),
-            auth_token=token,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            insecure=args.insecure,
-            on_error=lambda message: say(f"tracekit collect: {message}", sys.stderr),
-        )
-    except OSError as exc:
-        ports = f"{args.port}" + ("" if grpc_port is None else f" or {grpc_port}")
-        raise ConfigError(
-            f"cannot listen on {args.host}:{ports}: {exc.strerror or exc}; pick free ports "
-            "with --port/--grpc-port (0 picks one) or stop what holds them"
-        ) from exc
-    scheme = "https" if args.tls_cert else "http"
-    banner = f"listening on {scheme}://{collector.address}/v1/traces (OTLP/HTTP)"
-    if collector.grpc_address:
-        banner += f" and {collector.grpc_address} (OTLP/gRPC)"
-    status = serve(
-        collector,
+    run_collector(
+        args.db,
+        host=args.host,
+        port=args.port,
+        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
         drain=args.drain,
-        banner=f"{banner} -> {args.db}",
         status_line=lambda st, final: status_line(st, final=final),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        insecure=args.insecure,
+        sampling=policy,
+        max_pending_spans=args.max_pending_spans,
+        flush_interval=args.flush_interval,
+        limits=Limits(max_body_bytes=int(args.max_body_mib * (1 << 20))),
+        auth_token=read_token(args.auth_token_file) if args.auth_token_file else None,
     )
-    say(status_line(status, final=True), sys.stdout)
-    if not collector.written_all:
-        say(
-            f"tracekit collect: {status.pending_spans:,} accepted spans were not written "
-            f"within --drain {args.drain:g} s; they are kept in {collector.wal.directory} "
-            "and written at the next `tracekit collect --db` of this store",
-            sys.stderr,
-        )
     return 0

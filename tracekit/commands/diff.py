@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import (
     add_confidence,
     add_filters,
     add_format,
+    add_jaeger_url,
     add_releases,
     add_store,
-    emit,
-    http_url_type,
-    open_analysis_store,
+    open_analysis,
 )
 
 DESCRIPTION = """\
@@ -37,13 +36,7 @@ def register(sub: Any) -> None:
     )
     add_releases(parser)
     add_filters(parser)
-    parser.add_argument(
-        "--jaeger-url",
-        default=None,
-        type=http_url_type,
-        metavar="URL",
-        help="Jaeger UI base URL for exemplar links",
-    )
+    add_jaeger_url(parser)
     add_confidence(parser)
     add_format(parser)
     add_store(parser)
@@ -51,16 +44,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.compare.diff import diff_releases
-
-    with open_analysis_store(args, releases=(args.before, args.after)) as store:
-        if _training(store, args.before, args.after):
-            from tracekit.analysis.training.diff import diff_runs
-
-            emit(diff_runs(store, args.before, args.after), args.format)
-            return 0
-        result = diff_releases(
-            store,
+    with open_analysis(args, releases=(args.before, args.after)) as analysis:
+        result = analysis.diff(
             args.before,
             args.after,
             service=args.service,
@@ -70,11 +55,3 @@ def run(args: argparse.Namespace) -> int:
         )
     emit(result, args.format)
     return 0
-
-
-def _training(store: Any, before: str, after: str) -> bool:
-    """Both labels are training runs (train_step traces): the scaling diff applies."""
-    from tracekit.analysis.training.steps import training_runs
-
-    runs = training_runs(store)
-    return before in runs and after in runs

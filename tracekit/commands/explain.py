@@ -5,13 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
-    add_format,
-    add_store,
-    emit,
-    open_analysis_store,
-)
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import add_format, add_store, open_analysis
 
 DESCRIPTION = """\
 Draw one request trace as a waterfall with its critical path marked (★, and █ for the
@@ -41,9 +36,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.attribution.explain import explain_trace
-
-    with open_analysis_store(args, trace_prefix=args.trace_id) as store:
-        explanation = explain_trace(store, args.trace_id)
+    with open_analysis(args, trace_prefix=args.trace_id) as analysis:
+        explanation = analysis.explain(args.trace_id)
     emit(explanation, args.format)
     return 0

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
+from tracekit.commands._common import EXIT_CODES, add_command, emit
+from tracekit.commands._options import (
     add_confidence,
     add_filters,
     add_format,
+    add_html,
     add_releases,
     add_store,
-    check_outputs,
-    duration_ms_type,
-    emit,
-    open_analysis_store,
+    open_analysis,
     store_input,
-    write_output,
 )
-from tracekit.commands.report import add_html
+from tracekit.commands._pages import write_page
+from tracekit.commands._types import duration_ms_type
+from tracekit.outputs import check_outputs, write_output
 
 DESCRIPTION = """\
 Check the after release's latency against budgets relative to the before release (or
@@ -86,86 +86,25 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
-    """What the gate reads, which no output flag may overwrite."""
-    return {**store_input(args), "--config": args.config}
-
-
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.gate.budgets import (
-        GateConfig,
-        load_config,
-        parse_budgets,
-    )
-    from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, run_gate
-    from tracekit.render.gate import render_junit, render_markdown
+    from tracekit.analysis.facade import TrainingGateResult
+    from tracekit.render import render
+    from tracekit.render.gate import render_junit
 
-    outputs = {"--html": args.html, "--junit": args.junit, "--markdown": args.markdown}
-    check_outputs(outputs, _inputs(args))
-    config = load_config(args.config) if args.config else GateConfig()
-    # training budgets (samples_per_s, step_ms…) are parsed by the training gate
-    training_budgets = bool(args.budget) and all(_is_training_budget(b) for b in args.budget)
-    budgets = parse_budgets(args.budget) if args.budget and not training_budgets else config.budgets
-    # Flags beat the config file, which beats the defaults.
-    confidence = args.confidence or config.confidence or DEFAULT_CONFIDENCE
-    min_effect = args.min_effect if args.min_effect is not None else config.min_effect_ms or 0.0
-    with open_analysis_store(args, releases=(args.before, args.after)) as store:
-        if _training(store, args.before, args.after):
-            return _training_gate(store, args, confidence)
-        result = run_gate(
-            store,
-            args.before,
-            args.after,
-            budgets=budgets or None,
-            confidence=confidence,
-            min_effect_ms=min_effect,
-            seed=args.seed,
-            service=args.service or config.service,
-            route=args.route or config.route,
-        )
-        if args.html:
-            from tracekit.commands.report import write_gate_html
-
-            write_gate_html(
-                args.html,
-                store,
-                result,
-                service=args.service or config.service,
-                route=args.route or config.route,
-                seed=args.seed,
-            )
-    if args.junit:
-        write_output(args.junit, render_junit(result), option="--junit", inputs=_inputs(args))
+    inputs = {**store_input(args), "--config": args.config}
+    check_outputs({"--html": args.html, "--junit": args.junit, "--markdown": args.markdown}, inputs)
+    options: dict[str, Any] = dict(budgets=args.budget, config=args.config, confidence=args.confidence, seed=args.seed, service=args.service, route=args.route)  # fmt: skip
+    with open_analysis(args, releases=(args.before, args.after)) as analysis:
+        result = analysis.gate(args.before, args.after, min_effect_ms=args.min_effect, **options)
+        code = EXIT_CODES[result.result]
+        if args.html and not isinstance(result, TrainingGateResult):
+            page = analysis.report(args.before, args.after, gate=result, **options)
+            write_page(args.html, page, args, option="--html", inputs=inputs)
+    if isinstance(result, TrainingGateResult):  # its JSON carries the exit code
+        result = dataclasses.replace(result, exit_code=code)
+    elif args.junit:
+        write_output(args.junit, render_junit(result), option="--junit", inputs=inputs)
     if args.markdown:
-        markdown = render_markdown(result)
-        write_output(args.markdown, markdown, option="--markdown", inputs=_inputs(args))
+        write_output(args.markdown, render(result, "markdown"), option="--markdown", inputs=inputs)
     emit(result, args.format)
-    return result.exit_code
-
-
-def _is_training_budget(text: str) -> bool:
-    from tracekit.analysis.training.gate import METRICS
-
-    return text.strip().startswith(METRICS)
-
-
-def _training(store: Any, before: str, after: str) -> bool:
-    from tracekit.analysis.training.steps import training_runs
-
-    runs = training_runs(store)
-    return before in runs and after in runs
-
-
-def _training_gate(store: Any, args: argparse.Namespace, confidence: float) -> int:
-    """Training runs: budgets on samples/s, step time or efficiency (docs/training.md)."""
-    from tracekit.analysis.training.gate import gate_runs
-    from tracekit.render.training import GATE_RENDERERS
-
-    result = gate_runs(
-        store, args.before, args.after, args.budget, confidence=confidence, seed=args.seed
-    )
-    if args.markdown:
-        markdown = GATE_RENDERERS["markdown"](result)
-        write_output(args.markdown, markdown, option="--markdown", inputs=_inputs(args))
-    emit(result, args.format)
-    return result.exit_code
+    return code

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
-from tracekit.commands._common import add_command, add_format, add_store, emit, progress_bar
-from tracekit.errors import ConfigError
+from tracekit.commands._common import INPUT_SKIPPED, add_command, emit, progress_bar
+from tracekit.commands._options import add_format, add_store
 
 DESCRIPTION = """\
 Read traces into the tracekit store (a DuckDB file), then attribute each request's
@@ -27,7 +28,7 @@ examples:
 
 
 def register(sub: Any) -> None:
-    from tracekit.analysis.ingest.jaeger_api import DEFAULT_LIMIT
+    from tracekit.analysis.facade import JAEGER_LIMIT
 
     parser = add_command(
         sub, "ingest", help="read OTLP/Jaeger traces into the store", description=DESCRIPTION
@@ -56,71 +57,34 @@ def register(sub: Any) -> None:
     jaeger.add_argument("--service", metavar="NAME", help="service whose traces to pull")
     jaeger.add_argument("--since", default="1h", help="how far back: 30m, 1h, 2d")
     jaeger.add_argument(
-        "--limit", type=int, default=DEFAULT_LIMIT, metavar="N", help="at most N traces"
+        "--limit", type=int, default=JAEGER_LIMIT, metavar="N", help="at most N traces"
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.ingest import ingest_jaeger, ingest_paths
-    from tracekit.analysis.store import open_store
-    from tracekit.analysis.store.url import parse_store_url
-    from tracekit.render.ingest import IngestOutcome, problem_lines
+    from tracekit.analysis.facade import ingest
+    from tracekit.render.ingest import problem_lines
     from tracekit.render.text import printable
 
-    # A ClickHouse store is written through an in-memory staging store: the same readers
-    # and problem log, then the spans go to the exporter's table (docs/clickhouse.md).
-    target = parse_store_url(args.db, table=args.table)
-    written = None
-    if args.jaeger and not args.service:
-        raise ConfigError("--jaeger needs --service NAME (the service whose traces to pull)")
-    if not args.jaeger and not args.paths:
-        raise ConfigError("give trace files or directories, or --jaeger URL --service NAME")
-    with open_store(":memory:" if target.is_clickhouse else target.path) as store:
-        if args.jaeger:
-            report = ingest_jaeger(
-                store,
-                args.jaeger,
-                args.service,
-                since=args.since,
-                limit=args.limit,
-                version=args.release,
-                strict=args.strict,
-            )
-        else:
-            with progress_bar("ingest", enabled=sys.stderr.isatty()) as advance:
-                report = ingest_paths(
-                    store,
-                    args.paths,
-                    version=args.release,
-                    strict=args.strict,
-                    progress=advance,
-                    comm_pattern=args.comm_pattern,
-                )
-        requests = _refresh(store, None if report.every_trace else report.trace_ids)
-        if target.is_clickhouse:
-            from tracekit.analysis.ingest.clickhouse import write_spans
-
-            written = write_spans(store, target)
-    outcome = IngestOutcome(
-        report=report,
-        store=target.display() if target.is_clickhouse else args.db,
-        requests_attributed=requests,
-        version=args.release,
-        jaeger_limit=args.limit if args.jaeger else None,
-        written=written.written if written is not None else None,
-        already_present=written.already_present if written is not None else None,
-        created_table=bool(written is not None and written.created_table),
-    )
+    with progress_bar("ingest", enabled=sys.stderr.isatty() and not args.jaeger) as advance:
+        outcome = ingest(
+            args.paths,
+            store=args.db,
+            table=args.table,
+            version=args.release,
+            strict=args.strict,
+            comm_pattern=args.comm_pattern,
+            jaeger=args.jaeger,
+            service=args.service,
+            since=args.since,
+            limit=args.limit,
+            progress=advance,
+        )
+    code = INPUT_SKIPPED if outcome.report.skipped else 0
+    outcome = dataclasses.replace(outcome, exit_code=code)
     if args.format == "table":
         for line in problem_lines(outcome):
             print(printable(line), file=sys.stderr)
     emit(outcome, args.format)
-    return outcome.exit_code
-
-
-def _refresh(store: Any, trace_ids: list[str] | None) -> int:
-    """Rebuild ``requests`` and ``request_stages`` for the touched traces (None: all)."""
-    from tracekit.analysis.attribution import per_request as attribution
-
-    return int(attribution.refresh(store, trace_ids).requests)
+    return code

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import (
     add_filters,
     add_format,
+    add_html,
+    add_jaeger_url,
     add_store,
     add_version,
-    emit,
-    http_url_type,
-    open_analysis_store,
+    open_analysis,
+    store_input,
 )
-from tracekit.commands.report import add_html
+from tracekit.commands._pages import write_page
+from tracekit.outputs import check_outputs
 
 DESCRIPTION = """\
 Compare the slow (≥ p99, widened to ≥ p95 when thin) and fast (≤ p50) requests of one
@@ -33,13 +35,7 @@ def register(sub: Any) -> None:
     )
     add_version(parser, help="the release to read (needed when several are stored)")
     add_filters(parser)
-    parser.add_argument(
-        "--jaeger-url",
-        default=None,
-        type=http_url_type,
-        metavar="URL",
-        help="Jaeger UI base URL for exemplar links",
-    )
+    add_jaeger_url(parser)
     add_html(parser, "slow vs fast with the exemplars' waterfalls")
     add_format(parser)
     add_store(parser)
@@ -47,15 +43,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.compare.summary import slow_vs_fast
-
-    with open_analysis_store(args, releases=args.version) as store:
-        result = slow_vs_fast(
-            store, args.version, service=args.service, route=args.route, jaeger_url=args.jaeger_url
+    check_outputs({"--html": args.html}, store_input(args))
+    with open_analysis(args, releases=args.version) as analysis:
+        result = analysis.slow(
+            args.version, service=args.service, route=args.route, jaeger_url=args.jaeger_url
         )
         if args.html:
-            from tracekit.commands.report import write_slow_html
-
-            write_slow_html(args.html, store, result, args)
+            page = analysis.slow_report(result, service=args.service, route=args.route)
+            write_page(args.html, page, args, option="--html")
     emit(result, args.format)
     return 0

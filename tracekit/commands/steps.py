@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
-    add_format,
-    add_store,
-    add_version,
-    emit,
-    open_analysis_store,
-)
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import add_format, add_store, add_version, open_analysis
 
 DESCRIPTION = """\
 Break each training run's step time into data_wait, forward, backward, optimizer,
@@ -49,12 +43,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.training.steps import steps_report
-    from tracekit.errors import ConfigError
-
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more, got {args.warmup}")
-    with open_analysis_store(args, releases=args.version or ()) as store:
-        result = steps_report(store, args.version, warmup=args.warmup)
+    with open_analysis(args, releases=args.version) as analysis:
+        result = analysis.steps(args.version, warmup=args.warmup)
     emit(result, args.format)
     return 0

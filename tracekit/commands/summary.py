@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tracekit.commands._common import (
-    add_command,
+from tracekit.commands._common import add_command, emit
+from tracekit.commands._options import (
     add_filters,
     add_format,
     add_store,
     add_version,
-    emit,
-    open_analysis_store,
+    open_analysis,
 )
 
 DESCRIPTION = """\
@@ -37,14 +36,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracekit.analysis.compare.summary import summarize_all, summarize_release
-
-    with open_analysis_store(args, releases=args.version) as store:
-        if args.version is None:
-            summaries = summarize_all(store, service=args.service, route=args.route)
-        else:
-            summaries = [
-                summarize_release(store, args.version, service=args.service, route=args.route)
-            ]
+    with open_analysis(args, releases=args.version) as analysis:
+        summaries = analysis.summary(args.version, service=args.service, route=args.route)
     emit(summaries, args.format)
     return 0

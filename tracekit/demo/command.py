@@ -7,7 +7,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tracekit.commands._common import add_command, claim_output_dir
+from tracekit.commands._common import add_command
+from tracekit.outputs import claim_output_dir
 
 DB_NAME = "tracekit.duckdb"
 """The store the demo writes in its directory (the runner's ``DB_NAME``)."""

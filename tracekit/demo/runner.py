@@ -7,8 +7,8 @@ meanwhile (:mod:`tracekit.demo.interleave`): whatever else the machine does fall
 both releases alike, so a busy machine can neither hide v2's regression nor invent one.
 Then it stops them all, which flushes their OTLP JSON-lines trace files, ingests the
 files into a DuckDB store and prints what ``tracekit summary``, ``diff``,
-``gate`` and ``autoscale`` say (autoscale windows of one block each), by calling the
-CLI in-process, so the demo exercises exactly the commands a user types. Every process it started is stopped on the way out,
+``gate`` and ``autoscale`` say (autoscale windows of one block each), through the same
+front door (:class:`tracekit.Analysis`) and renderers the commands use. Every process it started is stopped on the way out,
 on success, error or Ctrl-C alike.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import math
 import shutil
 import signal
@@ -33,7 +31,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tracekit.commands._common import claim_output_dir
 from tracekit.demo import downstream, service
 from tracekit.demo import settings as env
 from tracekit.demo.interleave import (
@@ -47,6 +44,7 @@ from tracekit.demo.loadgen import LoadResult, run_load
 from tracekit.demo.processes import ServiceProcess, child_environment
 from tracekit.demo.regressions import DEFAULT_REGRESSION, Regression, get_regression
 from tracekit.errors import TracekitError
+from tracekit.outputs import claim_output_dir
 
 DEFAULT_DURATION_S = env.DEFAULT_DURATION_S
 DEFAULT_RATE = env.DEFAULT_RATE
@@ -186,41 +184,37 @@ def _drive(
         )
 
 
-# --- analysis: the CLI, in-process ------------------------------------------------
+# --- analysis: the front door, in-process ------------------------------------------
 
 
-def tracekit_cli(argv: Sequence[str]) -> int:
-    """Run one ``tracekit`` command in this process; its output goes to stdout."""
-    from tracekit import cli
+def show(result: Any) -> None:
+    """Print ``result`` as its command's table does (the renderers the CLI uses)."""
+    from tracekit.render import render
 
+    text = render(result, "table")
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
-    code = cli.main(list(argv))
-    sys.stdout.flush()
-    return code
 
 
-def tracekit_json(argv: Sequence[str]) -> tuple[int, Any]:
-    """Run a command with ``--format json`` and parse what it printed (None if not JSON)."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = tracekit_cli([*argv, "--format", "json"])
-    try:
-        return code, json.loads(buffer.getvalue())
-    except json.JSONDecodeError:
-        return code, None
+def diff_verdict(db: Path, before: str = BEFORE, after: str = AFTER) -> Any:
+    """The :class:`~tracekit.analysis.results.Verdict` of ``tracekit diff``."""
+    from tracekit.analysis.facade import Analysis
 
-
-def diff_verdict(db: Path, before: str = BEFORE, after: str = AFTER) -> dict[str, Any]:
-    """``verdict`` of ``tracekit diff --format json``; raises if diff gave none."""
-    code, data = tracekit_json(["diff", "--before", before, "--after", after, "--db", str(db)])
-    if code != 0 or not isinstance(data, dict) or "verdict" not in data:
-        raise TracekitError(f"tracekit diff exited {code} without a verdict")
-    verdict: dict[str, Any] = data["verdict"]
-    return verdict
+    with Analysis.open(db) as analysis:
+        return analysis.diff(before, after).verdict
 
 
 def ingest(db: Path, files: Sequence[Path]) -> int:
-    return tracekit_cli(["ingest", *map(str, files), "--db", str(db)])
+    """Ingest the trace files into ``db``; the number of inputs skipped (0: all kept)."""
+    from tracekit.analysis.facade import ingest as ingest_files
+    from tracekit.render.ingest import problem_lines
+    from tracekit.render.text import printable
+
+    outcome = ingest_files(files, store=db)
+    for line in problem_lines(outcome):
+        print(printable(line), file=sys.stderr)
+    show(outcome)
+    return outcome.report.skipped
 
 
 def slo_for(baseline: LoadResult) -> int:
@@ -234,9 +228,9 @@ def slo_for(baseline: LoadResult) -> int:
     return max(10, int(math.ceil(p95 * 1.1 / 5.0)) * 5)
 
 
-def window_for(duration_s: float) -> str:
-    """Autoscale windows of one block each: every window holds one release's load."""
-    return f"{slot_seconds(duration_s, BLOCK_S):g}s"
+def window_for(duration_s: float) -> float:
+    """Autoscale windows (seconds) of one block each: each holds one release's load."""
+    return slot_seconds(duration_s, BLOCK_S)
 
 
 def _heading(text: str) -> None:
@@ -362,36 +356,42 @@ def report(
     with ``html``, also write the HTML report there and print its path. ``collected``:
     the store was filled by ``tracekit collect``; ``scraped`` is the ranker's metrics
     endpoint in a few lines, printed beside the scaling recommendation."""
+    from tracekit.analysis.facade import Analysis, DiffResult
+
     files = [f for run in runs for f in run.trace_files]
     if not collected:
         with console.status("ingesting traces…"):
-            code = ingest(db, files)
-        if code != 0:
-            console.print(f"[yellow]tracekit ingest exited {code}; analysing what it stored[/]")
-    _heading(f"tracekit summary --version {AFTER}")
-    tracekit_cli(["summary", "--version", AFTER, "--db", str(db)])
-    _heading(f"tracekit diff --before {BEFORE} --after {AFTER}")
-    tracekit_cli(["diff", "--before", BEFORE, "--after", AFTER, "--db", str(db)])
-    _heading(f"tracekit gate --before {BEFORE} --after {AFTER}")
-    gate_code = tracekit_cli(["gate", "--before", BEFORE, "--after", AFTER, "--db", str(db)])
-    gate_word = {0: "pass", 1: "fail", 3: "inconclusive"}.get(gate_code, f"error ({gate_code})")
-    slo = slo_for(runs[0].load)
-    _heading(
-        f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window_for(duration_s)}'
-    )
-    tracekit_cli(autoscale_argv(db, [BEFORE, AFTER], slo, window_for(duration_s)))
-    if scraped:
-        _heading(f"ranker {AFTER} metrics endpoint, scraped once (the series the snippets name)")
-        print("\n".join(scraped), flush=True)
-    if html is not None:
-        _heading(f"tracekit report --before {BEFORE} --after {AFTER} -o {html}")
-        tracekit_cli(
-            ["report", "--before", BEFORE, "--after", AFTER, "--slo", f"p95<{slo}ms"]
-            + ["--window", window_for(duration_s), "--db", str(db), "-o", str(html)]
+            skipped = ingest(db, files)
+        if skipped:
+            console.print(
+                f"[yellow]tracekit ingest skipped {skipped:,} inputs; analysing what it stored[/]"
+            )
+    slo, window = slo_for(runs[0].load), window_for(duration_s)
+    with Analysis.open(db) as analysis:
+        _heading(f"tracekit summary --version {AFTER}")
+        show(analysis.summary(AFTER))
+        _heading(f"tracekit diff --before {BEFORE} --after {AFTER}")
+        diff = analysis.diff(BEFORE, AFTER)
+        assert isinstance(diff, DiffResult)  # v1 and v2 are releases, not training runs
+        show(diff)
+        _heading(f"tracekit gate --before {BEFORE} --after {AFTER}")
+        gate = analysis.gate(BEFORE, AFTER)
+        show(gate)
+        _heading(
+            f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window:g}s'
         )
+        show(analysis.autoscale([BEFORE, AFTER], slo=f"p95<{slo}ms", window_s=window))
+        if scraped:
+            _heading(
+                f"ranker {AFTER} metrics endpoint, scraped once (the series the snippets name)"
+            )
+            print("\n".join(scraped), flush=True)
+        if html is not None:
+            _heading(f"tracekit report --before {BEFORE} --after {AFTER} -o {html}")
+            write_report(analysis, html, gate, slo=f"p95<{slo}ms", window_s=window)
     _heading("result")
-    verdict = diff_verdict(db)
-    stage, kind = verdict.get("primary_stage"), verdict.get("kind")
+    stage, kind = diff.verdict.primary_stage, diff.verdict.kind
+    gate_word = str(gate.result)
     found = kind if kind == "none" else f"{stage} ({kind})"
     expected = (
         "none"
@@ -411,12 +411,13 @@ def report(
     sys.stdout.flush()
 
 
-def autoscale_argv(db: Path, versions: Sequence[str], slo_ms: int, window: str) -> list[str]:
-    """``tracekit autoscale`` for the demo's short run: windows of a few seconds.
+def write_report(analysis: Any, html: Path, gate: Any, *, slo: str, window_s: float) -> None:
+    """The release report of the run, as ``tracekit report`` writes it."""
+    from tracekit.outputs import write_output
+    from tracekit.render.html import render_report
+    from tracekit.render.text import printable
 
-    Both releases form one time line, as a rollout would: v1's healthy windows are what
-    shows which signal separates them from v2's violating ones.
-    """
-    slo = f"p95<{slo_ms}ms"
-    picks = [arg for v in versions for arg in ("--version", v)]
-    return ["autoscale", *picks, "--slo", slo, "--window", window, "--db", str(db)]
+    page = analysis.report(BEFORE, AFTER, gate=gate, slo=slo, window_s=window_s)
+    out = write_output(html, render_report(page), option="-o/--output")
+    size = out.stat().st_size / 1e6
+    print(printable(f"wrote {out} ({size:.1f} MB): {page.verdict}"), flush=True)

@@ -3,16 +3,13 @@
 Runs a real DDP job (:mod:`tracekit.demo.trainer`, gloo on 127.0.0.1) twice — a 1-rank
 baseline and a 2-rank run carrying the injected problem, one after the other in the
 same two processes (starting torch is the slow part) — ingests the per-rank trace
-files, and prints ``tracekit steps`` and the scaling ``tracekit diff`` by calling the
-CLI in-process, exactly as a user would type them. The closing line says whether the
+files, and prints what ``tracekit steps`` and the scaling ``tracekit diff`` print,
+through the same front door (:class:`tracekit.Analysis`) and renderers. The closing line says whether the
 diff named the injected bottleneck; the exit code is 0 when it did.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import shutil
 import sys
 import tempfile
@@ -26,13 +23,9 @@ BEFORE, AFTER = "1rank", "2rank"
 DB_NAME = "tracekit.duckdb"
 
 
-def _cli(argv: list[str]) -> tuple[int, str]:
-    from tracekit.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(argv)
-    return code, out.getvalue()
+def _print(text: str) -> None:
+    """As the command prints it, and a blank line after."""
+    print(text if text.endswith("\n") else text + "\n")
 
 
 def run_training_demo(
@@ -44,6 +37,9 @@ def run_training_demo(
     say: Callable[[str], None] | None = None,
 ) -> int:
     """Run both jobs, print steps and diff; 0 when the verdict names the injected problem."""
+    from tracekit.analysis.facade import Analysis, TrainingDiff, ingest
+    from tracekit.render import render
+
     problem = get_problem(regression)
     note = say or (lambda m: print(m, file=sys.stderr))
     work = keep or Path(tempfile.mkdtemp(prefix="tracekit-train-"))
@@ -59,23 +55,18 @@ def run_training_demo(
         # ahead of the others (the scheduler's doing), which reads as a straggler
         runs = (Run(AFTER, 2, problem), Run(BEFORE, 1))
         files = run_job(JobSpec(runs, work / "traces", steps=steps, seed=seed))
-        db = str(work / DB_NAME)
-        code, _ = _cli(["ingest", *map(str, files), "--db", db])
-        if code != 0:
-            return code
-        for argv in (
-            ["steps", "--db", db],
-            ["diff", "--before", BEFORE, "--after", AFTER, "--db", db],
-        ):
-            print(f"$ tracekit {' '.join(a for a in argv if a != db and a != '--db')}")
-            code, text = _cli(argv)
-            print(text)
-            if code != 0:
-                return code
-        _, doc = _cli(
-            ["diff", "--before", BEFORE, "--after", AFTER, "--db", db, "--format", "json"]
-        )
-        named = json.loads(doc)["verdict"]["bottleneck"]
+        db = work / DB_NAME
+        outcome = ingest(files, store=db)
+        if outcome.report.skipped:
+            note(f"tracekit ingest skipped {outcome.report.skipped:,} inputs")
+            return 2
+        with Analysis.open(db) as analysis:
+            print("$ tracekit steps")
+            _print(render(analysis.steps(), "table"))
+            print(f"$ tracekit diff --before {BEFORE} --after {AFTER}")
+            diff = analysis.diff(BEFORE, AFTER)
+            _print(render(diff, "table"))
+        named = diff.verdict.bottleneck if isinstance(diff, TrainingDiff) else diff.verdict.kind
         ok = named == problem.expected
         print(
             f"injected: {problem.name} → expected {problem.expected}; tracekit named {named} "

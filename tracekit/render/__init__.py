@@ -1,52 +1,28 @@
 """Renderers: analysis results (dataclasses) → table, json or markdown text.
 
 Renderers never query the store; analysis functions never print. :func:`render` picks
-the renderer by the result's type, so a command is parse → one analysis call →
-``emit(result, fmt)``. The table below names each result type's renderer module
-lazily: a command imports only the renderer it uses.
+the renderer by the result's type (:func:`tracekit.render.dispatch.renderers_for`, a
+``functools.singledispatch`` over the result classes), so a command is parse → one
+:class:`~tracekit.Analysis` call → ``render(result, fmt)``. The dispatch module and
+each renderer are imported on first use: ``tracekit.render.text`` stays light.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 FORMATS: tuple[str, ...] = ("table", "json", "markdown")
 """Every analysis command's ``--format`` choices."""
 
-RENDERER_TABLES: dict[str, str] = {
-    "DiffResult": "tracekit.render.diff:RENDERERS",
-    "Explanation": "tracekit.render.explain:RENDERERS",
-    "GateResult": "tracekit.render.gate:RENDERERS",
-    "AutoscaleResult": "tracekit.render.autoscale:RENDERERS",
-    "SlowFast": "tracekit.render.summary:SLOW_RENDERERS",
-    "list[Summary]": "tracekit.render.summary:SUMMARY_RENDERERS",
-    "IngestOutcome": "tracekit.render.ingest:RENDERERS",
-    "StepsResult": "tracekit.render.training:STEPS_RENDERERS",
-    "TrainingDiff": "tracekit.render.training:DIFF_RENDERERS",
-    "TrainingGateResult": "tracekit.render.training:GATE_RENDERERS",
-}
-"""Result type name (``list[T]`` for a list of T) → ``module:table`` of its renderers."""
+Renderer = Callable[[Any], str]
 
 
-def type_key(result: Any) -> str:
-    """The :data:`RENDERER_TABLES` key of ``result``."""
-    if isinstance(result, Sequence) and not isinstance(result, str | bytes):
-        inner = type(result[0]).__name__ if len(result) else "object"
-        return f"list[{inner}]"
-    return type(result).__name__
+def renderers_for(result: Any) -> Mapping[str, Renderer]:
+    """The ``{format: renderer}`` table for ``result``'s type; TypeError if none."""
+    from tracekit.render.dispatch import renderers_for as dispatch
 
-
-def renderers_for(result: Any) -> dict[str, Callable[[Any], str]]:
-    """The ``{format: renderer}`` table for ``result``'s type."""
-    key = type_key(result)
-    where = RENDERER_TABLES.get(key)
-    if where is None:
-        raise TypeError(f"no renderer for a {key}; add it to tracekit.render.RENDERER_TABLES")
-    module, _, name = where.partition(":")
-    table: dict[str, Callable[[Any], str]] = getattr(importlib.import_module(module), name)
-    return table
+    return dispatch(result)
 
 
 def render(result: Any, fmt: str) -> str:

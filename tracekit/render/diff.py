@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tracekit.analysis.cohorts.bubbleup import AttributeLift
 from tracekit.analysis.compare.diff import DiffResult, Exemplar
-from tracekit.analysis.compare.wording import Flag
+from tracekit.analysis.results import Flag
 from tracekit.render.common import (
     as_text,
     markdown_table,

@@ -1,8 +1,9 @@
 """What ``tracekit ingest`` reports: the summary line, the problems, as text or JSON.
 
-The command gathers one :class:`IngestOutcome` (the analysis's
-:class:`~tracekit.analysis.ingest.IngestReport` plus what the command itself did with
-it: the requests it attributed, where the spans went) and renders it here. In table
+:func:`tracekit.analysis.loading.ingest` returns one
+:class:`~tracekit.analysis.loading.IngestOutcome` (the readers'
+:class:`~tracekit.analysis.ingest.IngestReport` plus what was done with it: the
+requests attributed, where the spans went) and it is rendered here. In table
 form the problems and warnings are the lines meant for stderr (:func:`problem_lines`)
 and the summary the line for stdout; JSON puts everything in one document.
 """
@@ -11,47 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.analysis.ingest import IngestReport
+from tracekit.analysis.loading import IngestOutcome
 from tracekit.render.common import markdown_cell
 from tracekit.render.text import printable
 
 LISTED = 20
 """Problems named one per line; the rest are counted."""
-
-
-@dataclass
-class IngestOutcome:
-    """One ingest as the command saw it."""
-
-    report: IngestReport
-    store: str
-    """Where the spans went (a DuckDB path or a ClickHouse URL without its password)."""
-    requests_attributed: int
-    version: str | None = None
-    """``--version`` as given; a warning says when it could not apply."""
-    jaeger_limit: int | None = None
-    """``--limit`` of a Jaeger pull, None for files."""
-    written: int | None = None
-    """ClickHouse only: spans written to the exporter's table."""
-    already_present: int | None = None
-    created_table: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def version_not_applied(self) -> bool:
-        r = self.report
-        return bool(self.version and r.releases and self.version not in r.releases)
-
-    @property
-    def limit_reached(self) -> bool:
-        return self.jaeger_limit is not None and self.report.traces >= self.jaeger_limit
-
-    @property
-    def exit_code(self) -> int:
-        return 2 if self.report.skipped else 0
 
 
 def _warnings(outcome: IngestOutcome) -> list[tuple[str, str, int]]:

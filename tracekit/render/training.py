@@ -181,7 +181,8 @@ def gate_json(g: TrainingGateResult) -> str:
 def gate_text(g: TrainingGateResult, md: bool = False) -> str:
     lines = [
         ("### " if md else "")
-        + f"training gate {g.before} → {g.after}: {g.result.upper()} (exit {g.exit_code})",
+        + f"training gate {g.before} → {g.after}: {g.result.upper()}"
+        + ("" if g.exit_code is None else f" (exit {g.exit_code})"),
         "",
     ]
     rows = [

@@ -1,6 +1,6 @@
 """Requests kept by a sampler: the estimated count, and stores tail-sampled without weights.
 
-Every statistic here is weighted by each request's adjusted count (DESIGN.md, "Sampling
+Every statistic here is weighted by each request's adjusted count (docs/design.md, "Sampling
 and weights"), so a store written by a sampler that records weights needs nothing
 more. A tail sampler that keeps every slow trace and a fraction of the rest *without*
 writing weights leaves fast requests under-counted: every quantile reads high and the

@@ -1,6 +1,6 @@
 """``tracekit diff``: what a release changed in the tail, which stage explains it, and why.
 
-The result (:class:`DiffResult`) is the JSON contract in DESIGN.md: quantile deltas with
+The result (:class:`DiffResult`) is the JSON contract in docs/design.md: quantile deltas with
 bootstrap intervals, the tail cohort compared stage by stage, the counterfactual
 attribution of the tail growth (:mod:`tracekit.analysis.cohorts.counterfactual`), a verdict
 sentence, over-represented attribute values (:mod:`tracekit.analysis.cohorts.bubbleup`),
@@ -29,24 +29,15 @@ from tracekit.analysis.cohorts.sampling import (
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta
 from tracekit.analysis.compare.intervals import CLUSTER_S, clustered_quantile_deltas
 from tracekit.analysis.compare.wording import (
-    Flag,
     cpu_flag,
     few_requests_flag,
     quantile_name,
     verdict_sentence,
 )
+from tracekit.analysis.results import Flag, ReleaseRef, Verdict
 from tracekit.analysis.store import Store
 
 EXEMPLARS = 3
-
-
-@dataclass(frozen=True)
-class ReleaseRef:
-    label: str
-    requests: int
-    """Requests kept in the store."""
-    estimated_requests: float = 0.0
-    """Their summed sample weights: the requests they stand for."""
 
 
 @dataclass(frozen=True)
@@ -103,15 +94,6 @@ class StageDelta:
     gpu_tail_before_ms: float
     gpu_tail_after_ms: float
     hidden_wait: bool
-
-
-@dataclass(frozen=True)
-class Verdict:
-    primary_stage: str | None
-    kind: str
-    """``wait``, ``compute``, ``hidden_wait`` or ``none``."""
-    share: float
-    summary: str
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from tracekit.analysis.cohorts.sampling import (
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, weighted_quantiles
 from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar
 from tracekit.analysis.compare.wording import (
-    Flag,
     few_requests_flag,
     issue_phrase,
     kind_phrase,
     quantile_name,
     split_sentence,
 )
+from tracekit.analysis.results import Flag
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError
 

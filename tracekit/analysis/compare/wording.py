@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +17,7 @@ import numpy.typing as npt
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import QuantileDelta
+from tracekit.analysis.results import Flag
 
 FEW_REQUESTS = 100
 """Fewer requests than this in a release: quantile estimates rest on a handful."""
@@ -38,14 +38,6 @@ STAGE_PROSE: dict[str, str] = {
 UNATTRIBUTED_PHRASE = "unattributed time (in no stage)"
 """How ``unattributed`` is named in a sentence: never with a kind, since time in no
 stage carries no evidence of being wait or compute (it is stored as ``wait``)."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    """Something the reader must know to trust the verdict: ``code`` is stable."""
-
-    code: str
-    message: str
 
 
 def quantile_name(q: float) -> str:

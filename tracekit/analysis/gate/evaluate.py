@@ -58,17 +58,11 @@ from tracekit.analysis.gate import budgets as bg
 from tracekit.analysis.gate import wording as gate_report
 from tracekit.analysis.gate.model import (
     BEYOND,
-    FAIL,
     FEW_TAIL,
-    INCONCLUSIVE,
-    PASS,
     STRADDLES,
     WITHIN,
     ZERO_BASELINE,
     GateCheck,
-    GateVerdict,
-    GateWarning,
-    ReleaseInfo,
     Samples,
 )
 from tracekit.analysis.gate.statistics import (
@@ -79,11 +73,9 @@ from tracekit.analysis.gate.statistics import (
     release_replicates,
     split_counts,
 )
+from tracekit.analysis.results import FAIL, INCONCLUSIVE, PASS, Flag, ReleaseRef, Verdict, overall
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
-
-EXIT_CODES: dict[str, int] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
-"""Process exit code per overall result (2 is reserved for usage and input errors)."""
 
 BURSTY_TAIL = "bursty_tail"
 """Warning code when a tested quantile's interval was widened for bursts (as the diff's flag)."""
@@ -102,27 +94,14 @@ class GateResult:
 
     result: str
     summary: str
-    before: ReleaseInfo
-    after: ReleaseInfo
+    before: ReleaseRef
+    after: ReleaseRef
     confidence: float
     correction: str
     min_effect_ms: float
     checks: tuple[GateCheck, ...]
-    verdict: GateVerdict | None
-    warnings: tuple[GateWarning, ...]
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.result]
-
-
-def overall(results: Sequence[str]) -> str:
-    """Fail if any check fails, else inconclusive if any is, else pass."""
-    if FAIL in results:
-        return FAIL
-    if INCONCLUSIVE in results:
-        return INCONCLUSIVE
-    return PASS
+    verdict: Verdict | None
+    warnings: tuple[Flag, ...]
 
 
 def _values(r: ReleaseData, stage: str | None) -> FloatArray:
@@ -187,7 +166,7 @@ def bursty_warning(
     chosen: Sequence[bg.Budget],
     checks: Sequence[GateCheck],
     metrics: dict[str | None, _Metric],
-) -> GateWarning | None:
+) -> Flag | None:
     """``bursty_tail`` when a tested quantile's requests arrive in bursts (design effect at
     least the diff's :data:`BURSTY_EFFECT` in either release): its interval was widened."""
     parts: dict[str, str] = {}
@@ -210,7 +189,7 @@ def bursty_warning(
         parts.setdefault(key, f"{key} ({', '.join(widened)})")
     if not parts:
         return None
-    return GateWarning(
+    return Flag(
         BURSTY_TAIL,
         f"requests at or above {'; '.join(parts.values())} arrive in bursts (within "
         f"{CLUSTER_S:g} s of each other more often than chance): whole one-second windows "
@@ -246,7 +225,7 @@ def evaluate_gate(
     min_effect_ms: float = 0.0,
     seed: int = 0,
     n_boot: int = DEFAULT_BOOTSTRAP,
-    verdict: GateVerdict | None = None,
+    verdict: Verdict | None = None,
 ) -> GateResult:
     """Check ``after`` against ``before`` under ``budgets`` (default: p95, p99 ≤ +10%).
 
@@ -341,28 +320,28 @@ def evaluate_gate(
         for c in drafts
     ]
     warnings = tuple(
-        GateWarning("coordinated_omission", msg) for msg in coordinated_omission(before, after)
+        Flag("coordinated_omission", msg) for msg in coordinated_omission(before, after)
     )
     bursty = bursty_warning(before, after, chosen, checks, metrics)
     warnings += (bursty,) if bursty is not None else ()
     warnings += tuple(
-        GateWarning(UNWEIGHTED_TAIL_SAMPLING, msg)
+        Flag(UNWEIGHTED_TAIL_SAMPLING, msg)
         for rel in (before, after)
         if (msg := unweighted_tail_sampling(rel))
     )
-    info_b = ReleaseInfo(before.label, before.n, estimated_requests(before))
-    info_a = ReleaseInfo(after.label, after.n, estimated_requests(after))
+    info_b = ReleaseRef(before.label, before.n, estimated_requests(before))
+    info_a = ReleaseRef(after.label, after.n, estimated_requests(after))
     return _finish(info_b, info_a, confidence, min_effect_ms, checks, verdict, warnings)
 
 
 def _finish(
-    before: ReleaseInfo,
-    after: ReleaseInfo,
+    before: ReleaseRef,
+    after: ReleaseRef,
     confidence: float,
     min_effect_ms: float,
     checks: Sequence[GateCheck],
-    verdict: GateVerdict | None,
-    warnings: tuple[GateWarning, ...],
+    verdict: Verdict | None,
+    warnings: tuple[Flag, ...],
 ) -> GateResult:
     worded = tuple(replace(c, message=gate_report.describe(c, verdict, MIN_TAIL)) for c in checks)
     result = overall([c.result for c in worded])
@@ -381,7 +360,7 @@ def _finish(
 
 
 def with_verdict(
-    result: GateResult, verdict: GateVerdict | None, warnings: Sequence[GateWarning] = ()
+    result: GateResult, verdict: Verdict | None, warnings: Sequence[Flag] = ()
 ) -> GateResult:
     """The same result with the diff's verdict attached, messages reworded to use it."""
     return _finish(
@@ -424,21 +403,17 @@ def coordinated_omission(before: ReleaseData, after: ReleaseData) -> list[str]:
 
 def _diff_verdict(
     before: ReleaseData, after: ReleaseData, confidence: float, seed: int
-) -> tuple[GateVerdict | None, list[GateWarning]]:
+) -> tuple[Verdict | None, list[Flag]]:
     """The diff's verdict, or a warning saying why there is none (the gate still decides)."""
     try:
         from tracekit.analysis.compare.diff import compute_diff
 
         diff = compute_diff(before, after, confidence=confidence, seed=seed)
-        v = diff.verdict
-        share = getattr(v, "share", None)
-        if share is None:
-            share = next((s.share for s in diff.stages if s.name == v.primary_stage), None)
-        return GateVerdict(v.primary_stage, v.kind, v.summary, share), []
-    except (ImportError, AttributeError, TypeError, ValueError, TracekitError) as exc:
+        return diff.verdict, []
+    except (ValueError, TracekitError) as exc:
         # The verdict only words the failure message; a missing or failing diff must
         # not hide the gate's decision, so say what happened and carry on without it.
-        return None, [GateWarning("no_verdict", f"no stage attribution from the diff: {exc}")]
+        return None, [Flag("no_verdict", f"no stage attribution from the diff: {exc}")]
 
 
 def run_gate(

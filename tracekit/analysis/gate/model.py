@@ -1,4 +1,7 @@
-"""The gate's shared types: outcomes, reasons and the dataclasses a check is made of.
+"""The gate's own types: why a check came out as it did, and what a check is made of.
+
+Outcomes, verdicts, flags and release references are the shared result vocabulary
+(:mod:`tracekit.analysis.results`).
 
 At the bottom of the gate package so that the statistics (:mod:`.evaluate`) and the
 wording (:mod:`.wording`) both import it and never each other's internals.
@@ -7,20 +10,6 @@ wording (:mod:`.wording`) both import it and never each other's internals.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
-
-
-class Outcome(StrEnum):
-    """A check's or the whole gate's result."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-
-
-PASS = Outcome.PASS
-FAIL = Outcome.FAIL
-INCONCLUSIVE = Outcome.INCONCLUSIVE
 
 # Why a check came out as it did (``GateCheck.reason``).
 WITHIN = "within"
@@ -72,28 +61,3 @@ class GateCheck:
     p_pass: float
     """Holm-adjusted p-value of "beyond budget" (small: the budget holds)."""
     message: str = ""
-
-
-@dataclass(frozen=True)
-class GateVerdict:
-    """The diff's answer to "which stage grew the tail, and what kind of time"."""
-
-    primary_stage: str | None
-    kind: str
-    summary: str
-    share: float | None = None
-    """Fraction of the p99 growth the primary stage explains."""
-
-
-@dataclass(frozen=True)
-class GateWarning:
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    label: str
-    requests: int
-    estimated_requests: float = 0.0
-    """Summed sample weights of the kept ``requests``."""

@@ -12,16 +12,8 @@ import math
 from collections.abc import Sequence
 
 from tracekit.analysis.gate import budgets as bg
-from tracekit.analysis.gate.model import (
-    FAIL,
-    FEW_TAIL,
-    PASS,
-    STRADDLES,
-    ZERO_BASELINE,
-    GateCheck,
-    GateVerdict,
-    ReleaseInfo,
-)
+from tracekit.analysis.gate.model import FEW_TAIL, STRADDLES, ZERO_BASELINE, GateCheck
+from tracekit.analysis.results import FAIL, PASS, ReleaseRef, Verdict
 
 _KIND_WORDS = {"wait": "wait", "compute": "compute", "hidden_wait": "hidden wait"}
 
@@ -74,7 +66,7 @@ def budget_words(c: GateCheck) -> str:
     return f"budget {shown}"
 
 
-def blame(c: GateCheck, verdict: GateVerdict | None) -> str:
+def blame(c: GateCheck, verdict: Verdict | None) -> str:
     """``: 82% of it batch_queue wait`` when the diff names a stage for a latency check."""
     if verdict is None or c.metric != bg.LATENCY or not verdict.primary_stage:
         return ""
@@ -131,7 +123,7 @@ def _round_up(n: int) -> int:
     return int(-(-n // step) * step)
 
 
-def describe(c: GateCheck, verdict: GateVerdict | None, min_tail: int) -> str:
+def describe(c: GateCheck, verdict: Verdict | None, min_tail: int) -> str:
     """One sentence for one check."""
     label = quantile_label(c)
     if c.reason == FEW_TAIL:
@@ -167,8 +159,8 @@ def describe(c: GateCheck, verdict: GateVerdict | None, min_tail: int) -> str:
 
 def summarize(
     result: str,
-    before: ReleaseInfo,
-    after: ReleaseInfo,
+    before: ReleaseRef,
+    after: ReleaseRef,
     confidence: float,
     checks: Sequence[GateCheck],
 ) -> str:

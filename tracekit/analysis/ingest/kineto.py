@@ -2,7 +2,7 @@
 
     result = read_kineto(path, gz, origin, version="8gpu", comm_pattern=None)
 
-A rank file maps onto DESIGN.md's "Training steps": each ``ProfilerStep#N`` becomes a
+A rank file maps onto docs/design.md's "Training steps": each ``ProfilerStep#N`` becomes a
 ``train_step`` root span (its own trace, ``tracekit.step`` = N), host annotations become
 stage spans under it (``enumerate(DataLoader)#…`` → ``data_wait``, ``Optimizer.*`` →
 ``optimizer``, annotated forward/backward), and each collective a ``communication``

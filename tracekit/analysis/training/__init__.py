@@ -1,4 +1,4 @@
-"""Training steps: a step is a request (DESIGN.md, "Training steps").
+"""Training steps: a step is a request (docs/design.md, "Training steps").
 
 :mod:`.steps` attributes each rank's ``train_step`` traces (exposed communication, peer
 wait, stragglers, clock alignment); :mod:`.diff` compares two runs (scaling efficiency

@@ -1,7 +1,7 @@
 """``tracekit diff`` of two training runs: scaling efficiency and what ate it.
 
 Speed-up is samples/s after ÷ before, ideal speed-up the ratio of world sizes, and
-scaling efficiency their ratio (DESIGN.md, "Training steps"). Under ideal scaling the
+scaling efficiency their ratio (docs/design.md, "Training steps"). Under ideal scaling the
 after run's mean step time would be the before run's, with compute scaled to the after
 run's per-rank batch (compute is compared per sample); the difference is the **lost**
 step time. Each component's share of it follows the diff's counterfactual rule: put the
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit import conventions as cv
+from tracekit.analysis.results import Flag, TrainingVerdict
 from tracekit.analysis.store import Store
 from tracekit.analysis.training.model import (
     BOTTLENECKS,
@@ -45,13 +46,11 @@ from tracekit.analysis.training.model import (
     NONE,
     STRAGGLER,
     DiffComponent,
-    Flag,
     RunSteps,
     RunSummary,
     Scaling,
     Straggler,
     TrainingDiff,
-    TrainingVerdict,
     bottleneck_of,
 )
 from tracekit.analysis.training.steps import load_run

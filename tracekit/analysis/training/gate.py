@@ -10,7 +10,7 @@ runs of different sizes reads "at least 90% scaling efficiency".
 Each statistic gets a bootstrap interval over steps (both runs resampled); a budget
 passes when the whole interval is within it, fails when the whole interval is beyond,
 and is inconclusive otherwise — or when a run has fewer than :data:`MIN_STEPS` steps.
-Exit codes are the gate's: 0 pass, 1 fail, 3 inconclusive.
+The outcomes are the request gate's (:class:`~tracekit.analysis.results.Outcome`).
 """
 
 from __future__ import annotations
@@ -21,20 +21,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracekit.analysis.results import FAIL, INCONCLUSIVE, PASS, overall
 from tracekit.analysis.store import Store
 from tracekit.analysis.training.model import RunSteps
 from tracekit.analysis.training.steps import load_run
 from tracekit.errors import ConfigError
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-"""Outcomes, spelled as the request gate spells them (a sibling layer: not imported)."""
 MIN_STEPS = 5
 DEFAULT_BUDGETS = ("samples_per_s>=-10%",)
 METRICS = ("samples_per_s", "step_ms.p50", "step_ms.p95", "step_ms.mean", "efficiency")
 _BUDGET = re.compile(
     r"^\s*(?P<metric>[a-z_.0-9]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[+-]?[0-9.]+)\s*(?P<unit>%|ms|s)?\s*$"
 )
-EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,9 @@ class TrainingGateResult:
     before: str
     after: str
     result: str
-    exit_code: int
+    exit_code: int | None = None
+    """The process exit code of ``tracekit gate``: set by the CLI, which owns exit codes
+    (None from the library)."""
     checks: list[TrainingCheck] = field(default_factory=list)
     kind: str = "training"
 
@@ -163,6 +163,4 @@ def gate_runs(
     parsed = [parse_budget(t) for t in (budgets or DEFAULT_BUDGETS)]
     b, a = load_run(store, before, warmup=warmup), load_run(store, after, warmup=warmup)
     checks = [check(b, a, p, confidence=confidence, seed=seed) for p in parsed]
-    results = {c.result for c in checks}
-    overall = FAIL if FAIL in results else INCONCLUSIVE if INCONCLUSIVE in results else PASS
-    return TrainingGateResult(before, after, str(overall), EXIT_CODES[overall], checks)
+    return TrainingGateResult(before, after, overall([c.result for c in checks]), checks=checks)

@@ -2,7 +2,7 @@
 
 At the bottom of the training package so that the step reader, the diff and the gate
 share them without importing each other's internals. Field names are the JSON keys
-(DESIGN.md "Training steps", issue 12); times are milliseconds as floats.
+(docs/design.md, "Training steps", issue 12); times are milliseconds as floats.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tracekit import conventions as cv
+from tracekit.analysis.results import Flag, TrainingVerdict
 
 PEER_WAIT = "comm_peer_wait"
 """Component: exposed communication spent waiting for the last rank to arrive."""
@@ -49,12 +50,6 @@ def bottleneck_of(component: str) -> str:
     if component in (PEER_WAIT, IMBALANCE):
         return STRAGGLER
     return COMPUTE
-
-
-@dataclass
-class Flag:
-    code: str
-    message: str
 
 
 @dataclass
@@ -177,17 +172,6 @@ class DiffComponent:
     share: float | None
     """Of the step time lost against ideal scaling, by the counterfactual rule."""
     bottleneck: str
-
-
-@dataclass
-class TrainingVerdict:
-    bottleneck: str
-    summary: str
-    fix: str
-    ranks: list[int]
-    """The straggler ranks, when the bottleneck is a straggler."""
-    shares: dict[str, float] = field(default_factory=dict)
-    """Share of the lost step time per bottleneck."""
 
 
 @dataclass

@@ -33,6 +33,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution.per_request import fetch_spans, json_path, trace_input
+from tracekit.analysis.results import Flag
 from tracekit.analysis.store import DatabaseError, Store
 from tracekit.analysis.training.gpu import rank_gpu_breakdown
 from tracekit.analysis.training.model import (
@@ -42,7 +43,6 @@ from tracekit.analysis.training.model import (
     PEER_WAIT,
     TRANSFER,
     Component,
-    Flag,
     RankRow,
     RunSteps,
     StepQuantiles,

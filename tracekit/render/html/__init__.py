@@ -7,7 +7,7 @@ without a network. Like every renderer it never queries the store.
 
 from __future__ import annotations
 
-from tracekit.render.html.model import Report, Waterfall
+from tracekit.analysis.report import Report, Waterfall
 from tracekit.render.html.page import render_report
 
 __all__ = ["Report", "Waterfall", "render_report"]

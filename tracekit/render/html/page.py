@@ -1,4 +1,4 @@
-"""One self-contained HTML page from a :class:`~tracekit.render.html.model.Report`.
+"""One self-contained HTML page from a :class:`~tracekit.analysis.report.Report`.
 
 The page carries everything it needs: plotly.js inlined (no CDN, so it opens from a CI
 artifact or an e-mail with no network), the figures as JSON, the tables as HTML, and the
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracekit import __version__
+from tracekit.analysis.report import Report, Waterfall
 from tracekit.errors import ConfigError
 from tracekit.render.common import ms, pct
 from tracekit.render.diff import (
@@ -34,7 +35,6 @@ from tracekit.render.diff import (
 from tracekit.render.gate import HEADERS as GATE_HEADERS
 from tracekit.render.html import charts
 from tracekit.render.html.escape import LINK_SCHEMES, e, link_url, script_json
-from tracekit.render.html.model import Report, Waterfall
 from tracekit.render.html.styles import CSS
 from tracekit.render.html.timeline import autoscale_timeline
 

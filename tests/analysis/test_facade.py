@@ -1,0 +1,155 @@
+"""The front door: ``tracekit.Analysis`` answers what each command answers, typed.
+
+A real DuckDB store (and a real chDB table for the ClickHouse path) built from spans;
+every method returns the result type its renderers take, training vs serving is
+decided inside, and the gate's options merge argument > config file > default.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit import Analysis
+from tracekit.analysis.attribution.explain import Explanation
+from tracekit.analysis.autoscale.audit import AutoscaleResult
+from tracekit.analysis.compare.diff import DiffResult
+from tracekit.analysis.compare.summary import SlowFast, Summary
+from tracekit.analysis.gate.evaluate import GateResult
+from tracekit.analysis.report import Report
+from tracekit.analysis.results import Outcome, ReleaseRef, Verdict
+from tracekit.analysis.store import open_store
+from tracekit.analysis.training.gate import TrainingGateResult
+from tracekit.analysis.training.model import StepsResult, TrainingDiff
+from tracekit.errors import ConfigError, QueryError
+from tracekit.testing import TraceBuilder, training_run
+
+
+def _serving(builder: TraceBuilder) -> None:
+    """v1, and v2 whose batch queue grows in a fifth of its requests."""
+    rng = np.random.default_rng(3)
+    for n, (version, extra_ms) in enumerate((("v1", 0.0), ("v2", 40.0))):
+        for i in range(400):
+            queue = float(rng.lognormal(np.log(5.0), 0.3))
+            queue += extra_ms if rng.random() < 0.2 else 0.0
+            model = float(rng.lognormal(np.log(10.0), 0.1))
+            r = builder.request(
+                start_ms=n * 100_000 + i * 50.0,
+                duration_ms=round(queue + model + 1.0, 3),
+                version=version,
+            )
+            r.stage("batch_queue", start_ms=0.5, duration_ms=round(queue, 3), time_kind="wait")
+            r.stage("model_execute", start_ms=round(0.5 + queue, 3), duration_ms=round(model, 3))
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    builder = TraceBuilder(service="ranker", version="v1", seed=2)
+    _serving(builder)
+    for label, world, straggler in (("8gpu", 8, None), ("16gpu", 16, (3, 30.0))):
+        training_run(builder, world_size=world, steps=12, version=label, straggler=straggler)
+    path = tmp_path_factory.mktemp("facade") / "tracekit.duckdb"
+    with open_store(path) as store:
+        builder.load(store)
+    return path
+
+
+@pytest.fixture
+def analysis(db: Path) -> Iterator[Analysis]:
+    with Analysis.open(db) as a:
+        yield a
+
+
+def test_each_question_returns_the_type_its_renderers_take(analysis: Analysis) -> None:
+    assert {"v1", "v2", "8gpu", "16gpu"} <= set(analysis.releases())
+    summaries = analysis.summary("v2")
+    assert [type(s) for s in summaries] == [Summary] and summaries[0].label == "v2"
+    diff = analysis.diff("v1", "v2")
+    assert isinstance(diff, DiffResult)
+    assert isinstance(diff.before, ReleaseRef) and isinstance(diff.verdict, Verdict)
+    assert diff.verdict.primary_stage == "batch_queue" and diff.verdict.kind == "wait"
+    slow = analysis.slow("v2")
+    assert isinstance(slow, SlowFast)
+    assert isinstance(analysis.explain(slow.exemplars[0].trace_id[:12]), Explanation)
+    gate = analysis.gate("v1", "v2")
+    assert isinstance(gate, GateResult) and gate.result == Outcome.FAIL
+    # The gate and the diff speak one vocabulary: the gate's verdict is the diff's.
+    assert gate.verdict == diff.verdict and isinstance(gate.before, ReleaseRef)
+    auto = analysis.autoscale(["v1", "v2"], slo="p95<20ms", window_s=5.0)
+    assert isinstance(auto, AutoscaleResult)
+    report = analysis.report("v1", "v2", gate=gate)
+    assert isinstance(report, Report) and report.gate is gate
+    assert report.verdict == diff.verdict.summary
+
+
+def test_training_runs_are_told_apart_inside(analysis: Analysis) -> None:
+    assert analysis.is_training("8gpu", "16gpu") and not analysis.is_training("v1", "v2")
+    assert set(analysis.training_runs()) == {"8gpu", "16gpu"}
+    assert isinstance(analysis.diff("8gpu", "16gpu"), TrainingDiff)
+    gate = analysis.gate("8gpu", "16gpu", budgets=["step_ms.p50<=+5%"])
+    assert isinstance(gate, TrainingGateResult) and gate.exit_code is None
+    assert isinstance(analysis.steps("16gpu"), StepsResult)
+    page = analysis.report("8gpu", "16gpu")
+    assert page.training is not None and page.diff is None
+
+
+def test_gate_options_come_from_the_argument_then_the_config_then_the_default(
+    analysis: Analysis, tmp_path: Path
+) -> None:
+    config = tmp_path / "tracekit-gate.toml"
+    config.write_text('[gate]\nbudgets = ["p50<=+50%"]\nconfidence = 0.9\nmin_effect = "2ms"\n')
+    from_file = analysis.gate("v1", "v2", config=config)
+    assert [c.name for c in from_file.checks] == ["p50 <= +50%"]
+    assert from_file.confidence == 0.9 and from_file.min_effect_ms == 2.0
+    flags = analysis.gate(
+        "v1", "v2", config=config, budgets=["p99<=+10%"], confidence=0.8, min_effect_ms=0.5
+    )
+    assert [c.name for c in flags.checks] == ["p99 <= +10%"]
+    assert flags.confidence == 0.8 and flags.min_effect_ms == 0.5
+    default = analysis.gate("v1", "v2")
+    assert [c.name for c in default.checks] == ["p95 <= +10%", "p99 <= +10%"]
+    assert default.confidence == 0.95 and default.min_effect_ms == 0.0
+
+
+def test_what_was_asked_wrongly_is_one_error(analysis: Analysis, db: Path) -> None:
+    with pytest.raises(QueryError, match="no requests for release 'v9'"):
+        analysis.diff("v1", "v9")
+    with pytest.raises(ConfigError, match="--warmup must be 0 or more"):
+        analysis.steps(warmup=-1)
+    with pytest.raises(ConfigError, match="needs --target"):
+        analysis.autoscale("v2", slo="p95<20ms", signal="inflight")
+    with pytest.raises(ConfigError, match="ClickHouse store"):
+        Analysis.open(db, since="2h")
+
+
+def test_a_chdb_store_is_attributed_once_at_open_and_answers_alike(
+    db: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("chdb")
+    from tracekit.analysis.facade import ingest
+
+    builder = TraceBuilder(service="ranker", version="v1", seed=2)
+    _serving(builder)
+    files = builder.write_jsonl(tmp_path / "serving.jsonl")
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert ingest([files], store=url).report.skipped == 0
+    since = "2000-01-01T00:00Z"
+    with (
+        Analysis.open(url, releases=("v1", "v2"), since=since) as remote,
+        Analysis.open(db) as local,
+    ):
+        assert remote.diff("v1", "v2").latency == local.diff("v1", "v2").latency
+    with Analysis.open(url, releases="v1") as only_v1:
+        assert only_v1.releases() == ["v1"]
+
+
+def test_every_method_names_its_result_type() -> None:
+    # What the renderers are dispatched on (tests/render/test_dispatch.py): the methods'
+    # annotations, resolved, so a method returning an untyped value fails here.
+    for name in ("summary", "diff", "slow", "explain", "gate", "autoscale", "steps", "report"):
+        hints = typing.get_type_hints(getattr(Analysis, name))
+        assert hints["return"] is not typing.Any, name

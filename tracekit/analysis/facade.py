@@ -1,0 +1,416 @@
+"""The front door: one object opened on a store, every question tracekit answers.
+
+::
+
+    from tracekit import Analysis
+
+    with Analysis.open("tracekit.duckdb") as analysis:
+        print(analysis.diff("v1", "v2").verdict.summary)
+
+:class:`Analysis` owns the store strategy — a DuckDB file read in place, or the
+selected requests of a ClickHouse table (``clickhouse://…``, ``chdb:///…``) pulled and
+attributed once at open — and decides, once, whether two labels are training runs or
+releases. Each method returns the typed result the renderers take
+(:func:`tracekit.render.render`); the commands are parse → one call here → render, and
+the demo calls the same methods. Holistic Trace Analysis' ``TraceAnalysis`` is the
+model: open once, then ask.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from tracekit import units
+from tracekit.analysis import report as reports
+from tracekit.analysis.attribution import per_request
+from tracekit.analysis.attribution.explain import Explanation, explain_trace
+from tracekit.analysis.autoscale import rules as scaling
+from tracekit.analysis.autoscale.audit import AutoscaleResult, audit_autoscaling
+from tracekit.analysis.autoscale.model import Slo, parse_slo
+from tracekit.analysis.autoscale.rule_files import load_rule
+from tracekit.analysis.compare.diff import DiffResult, diff_releases
+from tracekit.analysis.compare.summary import (
+    SlowFast,
+    Summary,
+    slow_vs_fast,
+    summarize_all,
+    summarize_release,
+)
+from tracekit.analysis.gate.budgets import Budget, GateConfig, load_config, parse_budgets
+from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, GateResult, run_gate
+from tracekit.analysis.loading import JAEGER_LIMIT, IngestOutcome, ingest
+from tracekit.analysis.report import Report
+from tracekit.analysis.store import DatabaseError, Store, open_store
+from tracekit.analysis.store.url import DEFAULT_TABLE, StoreURL, parse_store_url
+from tracekit.analysis.training.diff import diff_runs
+from tracekit.analysis.training.gate import METRICS as TRAINING_METRICS
+from tracekit.analysis.training.gate import TrainingGateResult, gate_runs
+from tracekit.analysis.training.model import StepsResult, TrainingDiff
+from tracekit.analysis.training.steps import steps_report, training_runs
+from tracekit.errors import ConfigError
+
+__all__ = [
+    "JAEGER_LIMIT",
+    "Analysis",
+    "DatabaseError",
+    "DiffResult",
+    "GateResult",
+    "IngestOutcome",
+    "Report",
+    "Slo",
+    "TrainingDiff",
+    "TrainingGateResult",
+    "ingest",
+    "local_store_path",
+    "parse_slo",
+]
+
+When = str | int | dt.datetime
+"""A point in time: ``"2h"`` back from now, an ISO time, a datetime, or Unix ns."""
+
+
+def local_store_path(store: str | Path, *, table: str = DEFAULT_TABLE) -> str | None:
+    """The file or directory ``store`` reads on this machine (None for a server or
+    ``:memory:``): what no output may overwrite."""
+    url = parse_store_url(str(store), table=table)
+    local = url.kind in ("duckdb", "chdb") and url.path and url.path != ":memory:"
+    return url.path if local else None
+
+
+@dataclass(frozen=True)
+class _GateSettings:
+    """A gate's options once flags, the config file and the defaults are merged."""
+
+    budgets: tuple[Budget, ...]
+    training_budgets: list[str] | None
+    confidence: float
+    min_effect_ms: float
+    service: str | None
+    route: str | None
+
+
+def _is_training_budget(text: str) -> bool:
+    return text.strip().startswith(TRAINING_METRICS)
+
+
+class Analysis:
+    """Every analysis of one store (or one selection of a ClickHouse table).
+
+    Open it with :meth:`open` and close it (or use ``with``). Methods never print; each
+    returns a result dataclass. Errors in what was asked (an unknown release, a bad
+    budget) are :class:`~tracekit.errors.TracekitError` with a one-line message.
+    """
+
+    def __init__(self, store: Store, url: StoreURL) -> None:
+        self._store = store
+        self.url = url
+
+    @classmethod
+    def open(
+        cls,
+        store: str | Path = "tracekit.duckdb",
+        *,
+        table: str = DEFAULT_TABLE,
+        since: When | None = None,
+        until: When | None = None,
+        releases: str | Sequence[str] = (),
+        service: str | None = None,
+        route: str | None = None,
+        trace_prefix: str | None = None,
+    ) -> Analysis:
+        """Open ``store`` read-only: a DuckDB file, ``clickhouse://user:pw@host:8123/db``
+        or ``chdb:///path``.
+
+        For a ClickHouse store only the selected requests are pulled (``releases``,
+        ``service``, ``route``, a ``trace_prefix``, starting in ``[since, until)``) and
+        attributed, once; every method then reads them. A DuckDB file holds what was
+        ingested into it, so a time range there is an error.
+        """
+        url = parse_store_url(str(store), table=table)
+        if not url.is_clickhouse:
+            if since is not None or until is not None:
+                raise ConfigError(
+                    "--since/--until select from a ClickHouse store; a DuckDB store holds "
+                    "what was ingested into it"
+                )
+            return cls(open_store(url.path, read_only=True), url)
+        from tracekit.analysis.store.clickhouse import Selection, open_snapshot
+
+        labels = [releases] if isinstance(releases, str) else list(releases or ())
+        selection = Selection(
+            releases=tuple(str(r) for r in labels if r),
+            service=service,
+            route=route,
+            trace_prefix=trace_prefix,
+            since_ns=None if since is None else units.parse_time_ns(since),
+            until_ns=None if until is None else units.parse_time_ns(until),
+        )
+        snapshot = open_snapshot(url, selection)
+        try:
+            per_request.refresh(snapshot)
+        except BaseException:
+            snapshot.close()
+            raise
+        return cls(snapshot, url)
+
+    # --- the store --------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The underlying store, for queries of your own (``store.con`` is DuckDB)."""
+        return self._store
+
+    @property
+    def path(self) -> str:
+        """Where the numbers come from: the DuckDB path or the ClickHouse URL shown."""
+        return str(self._store.path)
+
+    def close(self) -> None:
+        self._store.close()
+
+    def __enter__(self) -> Analysis:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def releases(self) -> list[str]:
+        """Release labels (``service.version``) in the store, training runs included."""
+        return [label for label, _ in self._store.releases()]
+
+    def training_runs(self) -> list[str]:
+        """Labels whose traces are training steps (``train_step`` spans)."""
+        return list(training_runs(self._store))
+
+    def is_training(self, before: str, after: str) -> bool:
+        """Both labels are training runs: diff and gate compare steps, not requests."""
+        runs = training_runs(self._store)
+        return before in runs and after in runs
+
+    # --- serving and training questions -----------------------------------------------
+
+    def summary(
+        self, version: str | None = None, *, service: str | None = None, route: str | None = None
+    ) -> list[Summary]:
+        """Requests, tail quantiles and per-stage split: of ``version``, or of every release."""
+        if version is None:
+            return summarize_all(self._store, service=service, route=route)
+        return [summarize_release(self._store, version, service=service, route=route)]
+
+    def diff(
+        self,
+        before: str,
+        after: str,
+        *,
+        service: str | None = None,
+        route: str | None = None,
+        confidence: float = DEFAULT_CONFIDENCE,
+        jaeger_url: str | None = None,
+        seed: int = 0,
+    ) -> DiffResult | TrainingDiff:
+        """What ``after`` changed against ``before``: the tail's growth by stage, wait or
+        compute (releases); the lost scaling efficiency by bottleneck (training runs)."""
+        if self.is_training(before, after):
+            return diff_runs(self._store, before, after)
+        return diff_releases(
+            self._store,
+            before,
+            after,
+            service=service,
+            route=route,
+            confidence=confidence,
+            jaeger_url=jaeger_url,
+            seed=seed,
+        )
+
+    def slow(
+        self,
+        version: str | None = None,
+        *,
+        service: str | None = None,
+        route: str | None = None,
+        jaeger_url: str | None = None,
+    ) -> SlowFast:
+        """Slow (≥ p99) vs fast (≤ p50) requests of one release, stage by stage."""
+        return slow_vs_fast(
+            self._store, version, service=service, route=route, jaeger_url=jaeger_url
+        )
+
+    def explain(self, trace_id: str) -> Explanation:
+        """One trace (its id or a unique 8+ digit prefix): waterfall, critical path, stages."""
+        return explain_trace(self._store, trace_id)
+
+    def gate(
+        self,
+        before: str,
+        after: str,
+        *,
+        budgets: Sequence[str] | None = None,
+        config: str | Path | GateConfig | None = None,
+        confidence: float | None = None,
+        min_effect_ms: float | None = None,
+        seed: int = 0,
+        service: str | None = None,
+        route: str | None = None,
+    ) -> GateResult | TrainingGateResult:
+        """Pass, fail or inconclusive for ``after`` against budgets (docs/gate.md).
+
+        Each option is taken from the argument, else from ``config`` (a
+        ``tracekit-gate.toml`` path or a parsed :class:`GateConfig`), else the default
+        (p95 and p99 within +10% at 95% confidence). On two training runs the budgets
+        are on samples/s, step time or efficiency (docs/training.md).
+        """
+        s = self._gate_settings(budgets, config, confidence, min_effect_ms, service, route)
+        if self.is_training(before, after):
+            return gate_runs(
+                self._store, before, after, s.training_budgets, confidence=s.confidence, seed=seed
+            )
+        return run_gate(
+            self._store,
+            before,
+            after,
+            budgets=s.budgets or None,
+            confidence=s.confidence,
+            min_effect_ms=s.min_effect_ms,
+            seed=seed,
+            service=s.service,
+            route=s.route,
+        )
+
+    def autoscale(
+        self,
+        versions: str | Sequence[str] | None = None,
+        *,
+        slo: str | Slo,
+        rule: str | Path | scaling.ScalingRule | None = None,
+        signal: str | None = None,
+        target: str | None = None,
+        min_replicas: int = 1,
+        max_replicas: int = 100,
+        window_s: float = 30.0,
+        service: str | None = None,
+    ) -> AutoscaleResult:
+        """Would the scaling rule have fired when the objective broke, and which signal
+        would have (docs/autoscale.md)?
+
+        ``rule`` is an HPA, KEDA ScaledObject or Ray Serve file (or a parsed rule);
+        ``signal`` and ``target`` say "scale on this instead"; neither: an HPA on CPU at
+        70%. ``versions`` (default: the release traced last) form one time line.
+        """
+        if isinstance(rule, str | Path):
+            chosen = load_rule(rule)
+        elif rule is not None:
+            chosen = rule
+        elif signal is not None:
+            if target is None:
+                raise ConfigError("--signal needs --target (e.g. --signal inflight --target 5)")
+            value = scaling.parse_target(signal, target)
+            chosen = scaling.rule_from_flags(signal, value, min_replicas, max_replicas)
+        else:
+            chosen = scaling.default_rule()
+        return audit_autoscaling(
+            self._store,
+            release=versions,
+            rule=chosen,
+            slo=parse_slo(slo) if isinstance(slo, str) else slo,
+            window_s=window_s,
+            service=service,
+        )
+
+    def steps(self, version: str | None = None, *, warmup: int = 1) -> StepsResult:
+        """Where training step time goes, per component and rank (docs/training.md)."""
+        if warmup < 0:
+            raise ConfigError(f"--warmup must be 0 or more, got {warmup}")
+        return steps_report(self._store, version, warmup=warmup)
+
+    # --- reports (HTML pages are drawn from these by tracekit.render.html) -------------
+
+    def report(
+        self,
+        before: str,
+        after: str,
+        *,
+        gate: GateResult | None = None,
+        budgets: Sequence[str] | None = None,
+        config: str | Path | GateConfig | None = None,
+        slo: str | Slo | None = None,
+        window_s: float = 30.0,
+        jaeger_url: str | None = None,
+        service: str | None = None,
+        route: str | None = None,
+        confidence: float | None = None,
+        seed: int = 0,
+    ) -> Report:
+        """Everything the release report shows: diff, gate (``gate`` when already run,
+        else run with ``budgets``/``config``), exemplar waterfalls and, given ``slo``,
+        the autoscaling time line of both releases; two training runs: their diff."""
+        if self.is_training(before, after):
+            return reports.training_report(self._store, before, after)
+        s = self._gate_settings(budgets, config, confidence, None, service, route)
+        if gate is None:
+            gate = run_gate(
+                self._store,
+                before,
+                after,
+                budgets=s.budgets or None,
+                confidence=s.confidence,
+                min_effect_ms=s.min_effect_ms,
+                seed=seed,
+                service=s.service,
+                route=s.route,
+            )
+        return reports.release_report(
+            self._store,
+            before,
+            after,
+            gate,
+            slo=parse_slo(slo) if isinstance(slo, str) else slo,
+            window_s=window_s,
+            jaeger_url=jaeger_url,
+            service=s.service,
+            route=s.route,
+            confidence=gate.confidence,
+            seed=seed,
+        )
+
+    def slow_report(
+        self, result: SlowFast, *, service: str | None = None, route: str | None = None
+    ) -> Report:
+        """The page of ``tracekit slow --html``: the gap per stage, the curve, exemplars."""
+        return reports.slow_report(self._store, result, service=service, route=route)
+
+    def autoscale_report(self, result: AutoscaleResult) -> Report:
+        """The page of ``tracekit autoscale --html``: the time line and recommendation."""
+        return reports.autoscale_report(self._store, result)
+
+    def _gate_settings(
+        self,
+        budgets: Sequence[str] | None,
+        config: str | Path | GateConfig | None,
+        confidence: float | None,
+        min_effect_ms: float | None,
+        service: str | None,
+        route: str | None,
+    ) -> _GateSettings:
+        """Arguments beat the config file, which beats the defaults."""
+        cfg = load_config(config) if isinstance(config, str | Path) else config or GateConfig()
+        texts = list(budgets or ())
+        # Training budgets (samples_per_s, step_ms…) are parsed by the training gate.
+        training = bool(texts) and all(_is_training_budget(b) for b in texts)
+        return _GateSettings(
+            budgets=parse_budgets(texts) if texts and not training else cfg.budgets,
+            training_budgets=texts or None,
+            confidence=confidence or cfg.confidence or DEFAULT_CONFIDENCE,
+            min_effect_ms=min_effect_ms if min_effect_ms is not None else cfg.min_effect_ms or 0.0,
+            service=service or cfg.service,
+            route=route or cfg.route,
+        )
