@@ -153,3 +153,20 @@ def test_every_method_names_its_result_type() -> None:
     for name in ("summary", "diff", "slow", "explain", "gate", "autoscale", "steps", "report"):
         hints = typing.get_type_hints(getattr(Analysis, name))
         assert hints["return"] is not typing.Any, name
+
+
+def test_requests_without_a_release_label_are_summarised_not_refused(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    # Real SDK and Collector files mostly carry no service.version: their requests are
+    # the release "" — shown as "(no service.version)", selected with --version ''.
+    from tracekit.analysis.facade import ingest
+    from tracekit.render import render
+
+    db = tmp_path / "corpus.duckdb"
+    ingest([corpus_dir], store=db)
+    with Analysis.open(db) as analysis:
+        (summary,) = [s for s in analysis.summary() if s.label == ""]
+        assert summary.requests > 0
+        assert analysis.slow("").label == ""
+    assert f"\n(no service.version): {summary.requests} requests" in render([summary], "table")

@@ -86,3 +86,13 @@ class TrainingVerdict:
     """The straggler ranks, when the bottleneck is a straggler."""
     shares: dict[str, float] = field(default_factory=dict)
     """Share of the lost step time per bottleneck."""
+
+
+UNLABELLED = "(no service.version)"
+"""How prose names the requests whose resource carried no ``service.version`` (their
+label is ``""``: ``tracekit summary`` shows them, ``--version ''`` selects them)."""
+
+
+def release_name(label: str) -> str:
+    """``label`` as a sentence or a table shows it: :data:`UNLABELLED` for ``""``."""
+    return label or UNLABELLED

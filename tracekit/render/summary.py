@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from tracekit.analysis.compare.summary import SlowFast, Summary
+from tracekit.analysis.results import release_name
 from tracekit.render.common import (
     as_text,
     markdown_table,
@@ -40,7 +41,7 @@ def _num(value: float) -> str:
 def latency_line(s: Summary) -> str:
     qs = ", ".join(f"{k} {_num(v)}" for k, v in s.latency.items())
     count = requests_text(s.requests, s.estimated_requests)
-    return f"{s.label}: {count} ({s.errors} errors); {qs} ms"
+    return f"{release_name(s.label)}: {count} ({s.errors} errors); {qs} ms"
 
 
 def summary_rows(s: Summary) -> list[list[str]]:
@@ -80,7 +81,7 @@ def render_summaries_table(summaries: Sequence[Summary]) -> str:
             as_text(s.summary, style="bold"),
             as_text(latency_line(s)),
             _table(
-                f"Stages of {s.label} (tail = ≥ {s.cohort}, {s.tail_requests} requests)",
+                f"Stages of {release_name(s.label)} (tail = ≥ {s.cohort}, {s.tail_requests} requests)",
                 SUMMARY_HEADERS,
                 summary_rows(s),
             ),
@@ -94,7 +95,7 @@ def render_summaries_markdown(summaries: Sequence[Summary]) -> str:
     out = []
     for s in summaries:
         out += [
-            f"### tracekit summary: {printable(s.label)}",
+            f"### tracekit summary: {printable(release_name(s.label))}",
             "",
             f"**{printable(s.summary)}**",
             "",
@@ -115,7 +116,7 @@ def _cohort_line(r: SlowFast) -> str:
     return (
         f"slow = ≥ {r.cohort} ({r.slow_threshold_ms:.1f} ms, {r.slow_requests} requests); "
         f"fast = ≤ p50 ({r.fast_threshold_ms:.1f} ms, {r.fast_requests} requests); "
-        f"of {requests_text(r.requests, r.estimated_requests)} in {r.label}"
+        f"of {requests_text(r.requests, r.estimated_requests)} in {release_name(r.label)}"
     )
 
 
@@ -148,7 +149,7 @@ def render_slow_table(r: SlowFast) -> str:
 
 def render_slow_markdown(r: SlowFast) -> str:
     out = [
-        f"### tracekit slow: {printable(r.label)}",
+        f"### tracekit slow: {printable(release_name(r.label))}",
         "",
         f"**{printable(r.summary)}**",
         "",

@@ -72,7 +72,7 @@ class ReleaseData:
 
 
 _FILTER = """
-    list_contains($labels, r.release) AND ($service IS NULL OR r.service_name = $service)
+    list_contains($labels, coalesce(r.release, '')) AND ($service IS NULL OR r.service_name = $service)
       AND ($route IS NULL OR r.route = $route OR r.name = $route)
 """
 
@@ -89,7 +89,7 @@ WHERE {_FILTER}
 # stage rows find their request's row below without a second window over the releases or a
 # join on the sorted selection, and ``part`` says which release a row belongs to.
 _REQUEST_SQL = f"""
-SELECT r.rowid AS rid, (list_position($labels, r.release) - 1)::INTEGER AS part,
+SELECT r.rowid AS rid, (list_position($labels, coalesce(r.release, '')) - 1)::INTEGER AS part,
        r.trace_id, r.start_ns, r.duration_ns, r.sample_weight, r.is_error,
        i.instance_code,
        coalesce(r.inflight, 'NaN'::DOUBLE) AS inflight,

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.stats import QuantileDelta
-from tracekit.analysis.results import Flag
+from tracekit.analysis.results import Flag, release_name
 
 FEW_REQUESTS = 100
 """Fewer requests than this in a release: quantile estimates rest on a handful."""
@@ -118,7 +118,7 @@ def few_requests_flag(
     """Raised when a release has fewer than :data:`FEW_REQUESTS` requests, or its
     (possibly widened) tail cohort still has fewer than ten."""
     thin = [
-        f"{r.label} has {r.n} requests ({c} in the ≥ {cohort} cohort)"
+        f"{release_name(r.label)} has {r.n} requests ({c} in the ≥ {cohort} cohort)"
         for r, c in zip(releases, tail_counts, strict=True)
         if r.n < FEW_REQUESTS or c < 10
     ]
