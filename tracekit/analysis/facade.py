@@ -274,17 +274,7 @@ class Analysis:
             return gate_runs(
                 self._store, before, after, s.training_budgets, confidence=s.confidence, seed=seed
             )
-        return run_gate(
-            self._store,
-            before,
-            after,
-            budgets=s.budgets or None,
-            confidence=s.confidence,
-            min_effect_ms=s.min_effect_ms,
-            seed=seed,
-            service=s.service,
-            route=s.route,
-        )
+        return self._run_gate(before, after, s, seed)
 
     def autoscale(
         self,
@@ -357,17 +347,7 @@ class Analysis:
             return reports.training_report(self._store, before, after)
         s = self._gate_settings(budgets, config, confidence, None, service, route)
         if gate is None:
-            gate = run_gate(
-                self._store,
-                before,
-                after,
-                budgets=s.budgets or None,
-                confidence=s.confidence,
-                min_effect_ms=s.min_effect_ms,
-                seed=seed,
-                service=s.service,
-                route=s.route,
-            )
+            gate = self._run_gate(before, after, s, seed)
         return reports.release_report(
             self._store,
             before,
@@ -391,6 +371,19 @@ class Analysis:
     def autoscale_report(self, result: AutoscaleResult) -> Report:
         """The page of ``tracekit autoscale --html``: the time line and recommendation."""
         return reports.autoscale_report(self._store, result)
+
+    def _run_gate(self, before: str, after: str, s: _GateSettings, seed: int) -> GateResult:
+        return run_gate(
+            self._store,
+            before,
+            after,
+            budgets=s.budgets or None,
+            confidence=s.confidence,
+            min_effect_ms=s.min_effect_ms,
+            seed=seed,
+            service=s.service,
+            route=s.route,
+        )
 
     def _gate_settings(
         self,

@@ -9,7 +9,8 @@ result type has a table, JSON and markdown rendering.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from functools import singledispatch
 from typing import Any
 
@@ -33,39 +34,32 @@ def renderers_for(result: object) -> Table:
     )
 
 
-@renderers_for.register
-def _diff(result: DiffResult) -> Table:
-    from tracekit.render.diff import RENDERERS
+def _lazy(where: str) -> Callable[[Any], Table]:
+    """The dispatch target for a ``module:TABLE`` renderer table, imported when first used."""
+    module, _, name = where.partition(":")
 
-    return RENDERERS
+    def table(result: Any) -> Table:
+        found: Table = getattr(importlib.import_module(module), name)
+        return found
 
-
-@renderers_for.register
-def _explain(result: Explanation) -> Table:
-    from tracekit.render.explain import RENDERERS
-
-    return RENDERERS
+    return table
 
 
-@renderers_for.register
-def _gate(result: GateResult) -> Table:
-    from tracekit.render.gate import RENDERERS
+TABLES: dict[type, str] = {
+    DiffResult: "tracekit.render.diff:RENDERERS",
+    Explanation: "tracekit.render.explain:RENDERERS",
+    GateResult: "tracekit.render.gate:RENDERERS",
+    AutoscaleResult: "tracekit.render.autoscale:RENDERERS",
+    SlowFast: "tracekit.render.summary:SLOW_RENDERERS",
+    IngestOutcome: "tracekit.render.ingest:RENDERERS",
+    StepsResult: "tracekit.render.training:STEPS_RENDERERS",
+    TrainingDiff: "tracekit.render.training:DIFF_RENDERERS",
+    TrainingGateResult: "tracekit.render.training:GATE_RENDERERS",
+}
+"""Result class → ``module:TABLE`` of its ``{format: renderer}`` table."""
 
-    return RENDERERS
-
-
-@renderers_for.register
-def _autoscale(result: AutoscaleResult) -> Table:
-    from tracekit.render.autoscale import RENDERERS
-
-    return RENDERERS
-
-
-@renderers_for.register
-def _slow(result: SlowFast) -> Table:
-    from tracekit.render.summary import SLOW_RENDERERS
-
-    return SLOW_RENDERERS
+for _cls, _where in TABLES.items():
+    renderers_for.register(_cls, _lazy(_where))
 
 
 @renderers_for.register
@@ -77,31 +71,3 @@ def _summaries(result: list) -> Table:  # type: ignore[type-arg]
     if not all(isinstance(item, Summary) for item in result):
         raise TypeError("no renderer for a list other than Analysis.summary()'s summaries")
     return SUMMARY_RENDERERS
-
-
-@renderers_for.register
-def _ingest(result: IngestOutcome) -> Table:
-    from tracekit.render.ingest import RENDERERS
-
-    return RENDERERS
-
-
-@renderers_for.register
-def _steps(result: StepsResult) -> Table:
-    from tracekit.render.training import STEPS_RENDERERS
-
-    return STEPS_RENDERERS
-
-
-@renderers_for.register
-def _training_diff(result: TrainingDiff) -> Table:
-    from tracekit.render.training import DIFF_RENDERERS
-
-    return DIFF_RENDERERS
-
-
-@renderers_for.register
-def _training_gate(result: TrainingGateResult) -> Table:
-    from tracekit.render.training import GATE_RENDERERS
-
-    return GATE_RENDERERS
