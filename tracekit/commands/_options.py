@@ -55,7 +55,7 @@ def add_html(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_format(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, default="table", help="table for people, json for scripts (schema in README), markdown for PRs")  # fmt: skip
+    parser.add_argument("--format", choices=FORMATS, default="table", help="table for people, json for scripts (schema in docs/json.md), markdown for PRs")  # fmt: skip
 
 
 def add_db(parser: argparse.ArgumentParser) -> None:
