@@ -211,3 +211,22 @@ def test_the_installed_opentelemetry_is_in_the_supported_range(dist, supported):
         f"{dist} {installed} is outside {supported}: run the instrumentation tests against "
         f"it and widen {MODULE}'s range (and pyproject's) if they pass"
     )
+
+
+def test_pyproject_declares_the_supported_ranges() -> None:
+    # pip must refuse what the import-time check would refuse: the bounds are one fact.
+    import tomllib
+    from pathlib import Path
+
+    from tracekit.instrumentation import _otel_internals as internals
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    requirements = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    declared = {r.split(">=")[0]: r[len(r.split(">=")[0]) :] for r in requirements if ">=" in r}
+    for name in ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-proto"):
+        assert declared[name] == internals.SUPPORTED_SDK, name
+    for name in ("opentelemetry-instrumentation-fastapi", "opentelemetry-instrumentation-httpx"):
+        assert declared[name] == internals.SUPPORTED_INSTRUMENTATION, name

@@ -30,11 +30,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace import _Span
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_ESCAPED,
     EXCEPTION_MESSAGE,
@@ -42,9 +40,14 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_TYPE,
 )
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.status import Status, StatusCode
 
+from tracekit.instrumentation._otel_internals import (
+    CONTEXT_VAR,
+    SPAN_KEY,
+    new_sdk_span,
+    parent_based_delegates,
+)
 from tracekit.instrumentation._recorder import RECORDER
 
 _time_ns = time.time_ns
@@ -53,14 +56,13 @@ _QUEUE = RECORDER.queue  # the same deque for the life of the process (cleared a
 # --- the OTel context, without the API's indirections ------------------------------
 # The API's attach/detach go through two layers of calls and a try/except each; with
 # the default contextvars runtime the same thing is one ContextVar set/reset.
-_runtime: Any = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-if isinstance(_runtime, ContextVarsRuntimeContext):
-    _VAR = _runtime._current_context
+if CONTEXT_VAR is not None:
+    _VAR = CONTEXT_VAR
     current_context: Callable[[], Context] = _VAR.get
 
     def attach_span(span: trace.Span) -> object:
         """Make ``span`` current; returns the token for :func:`detach`."""
-        return _VAR.set(Context({**_VAR.get(), _SPAN_KEY: span}))
+        return _VAR.set(Context({**_VAR.get(), SPAN_KEY: span}))
 
     def detach(token: Any) -> None:
         """Undo :func:`attach_span` (a token from another context is logged, as OTel does)."""
@@ -79,6 +81,19 @@ else:  # pragma: no cover - a custom OTEL_PYTHON_CONTEXT runtime
         otel_context.detach(token)
 
 
+def _follows_parent(sampler: Sampler) -> bool:
+    """ParentBased with its default delegates: a child's decision is its parent's flag."""
+    if not isinstance(sampler, ParentBased):
+        return False
+    d = parent_based_delegates(sampler)
+    return (
+        d.local_sampled is ALWAYS_ON
+        and d.remote_sampled is ALWAYS_ON
+        and d.local_not_sampled is ALWAYS_OFF
+        and d.remote_not_sampled is ALWAYS_OFF
+    )
+
+
 class _Sink:
     """The SDK tracer of one instrumentation scope in one ``configure()`` generation."""
 
@@ -86,15 +101,7 @@ class _Sink:
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
-        s: Any = tracer.sampler
-        # ParentBased with its default delegates: a child's decision is its parent's flag
-        self.follows_parent = (
-            isinstance(s, ParentBased)
-            and s._local_parent_sampled is ALWAYS_ON
-            and s._remote_parent_sampled is ALWAYS_ON
-            and s._local_parent_not_sampled is ALWAYS_OFF
-            and s._remote_parent_not_sampled is ALWAYS_OFF
-        )
+        self.follows_parent = _follows_parent(tracer.sampler)
         self.random_ids = type(tracer.id_generator) is RandomIdGenerator
 
 
@@ -241,21 +248,16 @@ class FastSpan(trace.Span):
         if isinstance(parent, FastSpan):
             parent = parent.get_span_context()
         record_exception, set_status_on_exception = self._exc_opts
-        span = _Span(
-            name=self._name,
-            context=self.get_span_context(),
+        span = new_sdk_span(
+            t,
+            self._name,
+            self.get_span_context(),
             parent=parent,
-            sampler=t.sampler,
-            resource=t.resource,
             attributes=self._attrs,
-            span_processor=t.span_processor,
             kind=self._kind,
             links=self._links or (),
-            instrumentation_info=t.instrumentation_info,
             record_exception=record_exception,
             set_status_on_exception=set_status_on_exception,
-            limits=t._span_limits,
-            instrumentation_scope=t._instrumentation_scope,
         )
         span.start(start_time=self._start, parent_context=self._pctx)
         for key, value in self._sets or ():

@@ -22,10 +22,10 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.status import Status, StatusCode
 
 from tracekit.instrumentation import setup
+from tracekit.instrumentation._otel_internals import SPAN_KEY
 from tracekit.instrumentation._spans import (
     FastSpan,
     _Sink,
@@ -149,7 +149,7 @@ class FastTracer(trace.Tracer):
         if sink is None:
             return _INVALID
         ctx = current_context() if context is None else context
-        parent: Any = ctx.get(_SPAN_KEY)
+        parent: Any = ctx.get(SPAN_KEY)
         opts = _DEFAULT_OPTS if record_exception and set_status_on_exception else (
             record_exception, set_status_on_exception)  # fmt: skip
         if sink.follows_parent and parent is not None:

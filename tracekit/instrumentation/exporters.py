@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import SpanContext, StatusCode
 
 from tracekit.instrumentation._guard import logger
+from tracekit.instrumentation._otel_internals import batch_queue
 
 # OTLP SpanFlags bits beside the W3C trace flags (opentelemetry-proto trace.proto).
 _FLAG_HAS_IS_REMOTE = 0x100
@@ -305,11 +306,8 @@ class ExportPipeline(SpanProcessor):
         self._batch = BatchSpanProcessor(self._counting)
         self.queue_dropped = 0
         self._closed = False
-        # The SDK keeps its queue private; without it queue-full drops go uncounted
-        # (the SDK still logs them) but nothing else changes.
-        inner = getattr(self._batch, "_batch_processor", None)
-        self._queue = getattr(inner, "_queue", None)
-        self._queue_max = getattr(inner, "_max_queue_size", None)
+        # the SDK logs the spans a full queue drops but keeps no count; tracekit counts them
+        self._queue, self._queue_max = batch_queue(self._batch)
 
     @property
     def exporter(self) -> SpanExporter:
@@ -317,10 +315,8 @@ class ExportPipeline(SpanProcessor):
 
     @property
     def backlog(self) -> float:
-        """How full the batch queue is, 0..1 (0 when the SDK's queue cannot be seen)."""
-        if self._queue is None or not self._queue_max:
-            return 0.0
-        return float(len(self._queue) / self._queue_max)
+        """How full the batch queue is, 0..1."""
+        return len(self._queue) / self._queue_max
 
     @property
     def dropped(self) -> int:
@@ -331,8 +327,7 @@ class ExportPipeline(SpanProcessor):
         self._batch.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        queue = self._queue
-        if queue is not None and len(queue) >= (self._queue_max or 0):
+        if len(self._queue) >= self._queue_max:
             self.queue_dropped += 1
         self._batch.on_end(span)
 

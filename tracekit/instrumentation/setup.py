@@ -36,6 +36,11 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
+from tracekit.instrumentation._otel_internals import (
+    initialize_semconv,
+    semconv_initialized,
+    update_resource,
+)
 from tracekit.instrumentation._recorder import RECORDER
 from tracekit.instrumentation.exporters import ExportPipeline, OTLPJsonFileExporter, quiet_repeats
 from tracekit.instrumentation.job import job_resource
@@ -467,37 +472,16 @@ def _after_fork_in_child(ref: weakref.ref[TracerProvider]) -> None:
     try:
         instance = state.attrs[cv.SERVICE_INSTANCE_ID] if state.instance_stated else _INSTANCE_ID
         update = Resource({cv.SERVICE_INSTANCE_ID: instance})
-        _update_resource(provider, update)
+        if update_resource(provider, update):
+            state.generation += 1  # tracekit's tracers are fetched again, with the new resource
         if state.metrics is not None:
-            _update_resource(state.metrics.provider, update)
+            update_resource(state.metrics.provider, update)
         state.attrs = {**state.attrs, cv.SERVICE_INSTANCE_ID: instance}
         if state.key is not None:
             # so that the same configure() call in the worker keeps what it inherited
             state.key = (_attrs_key(state.attrs), *state.key[1:])
     except Exception as exc:  # pragma: no cover - never break a fork
         _guard.logger.warning("tracekit: service.instance.id after fork: %r", exc)
-
-
-def _update_resource(provider: Any, update: Resource) -> None:
-    """Merge ``update`` into an SDK tracer or meter provider's resource, in place.
-
-    The SDK's own after-fork refresh (``_update_resource``, 1.44+: the provider and
-    every tracer or meter it handed out; it takes locks the SDK's hook has just made
-    new) where it has one. Older SDKs have none: the resource is replaced on the
-    provider and on the tracers it cached, and tracekit's tracers are re-fetched (a new
-    ``configure()`` generation), since a tracer copies its provider's resource when made.
-    """
-    method = getattr(provider, "_update_resource", None)
-    if callable(method):
-        method(update)
-    elif isinstance(provider, TracerProvider):
-        provider._resource = provider.resource.merge(update)
-        for tracer in getattr(provider, "_tracers", {}).values():
-            tracer.resource = provider._resource
-        _STATE.generation += 1
-    else:  # a MeterProvider: its readers read the resource at each collection
-        config = provider._sdk_config
-        config.resource = config.resource.merge(update)
 
 
 if hasattr(os, "register_at_fork"):
@@ -561,16 +545,12 @@ def use_stable_http_semconv() -> None:
     They read ``OTEL_SEMCONV_STABILITY_OPT_IN`` once per process; unless the user set
     it, tracekit opts in to ``http`` for that one read and leaves the environment as it was.
     """
-    from opentelemetry.instrumentation._semconv import (
-        _OpenTelemetrySemanticConventionStability as S,
-    )
-
     with _semconv_lock:
-        if getattr(S, "_initialized", False) or ENV_SEMCONV_OPT_IN in os.environ:
-            S._initialize()  # type: ignore[no-untyped-call]
+        if semconv_initialized() or ENV_SEMCONV_OPT_IN in os.environ:
+            initialize_semconv()
             return
         os.environ[ENV_SEMCONV_OPT_IN] = "http"
         try:
-            S._initialize()  # type: ignore[no-untyped-call]
+            initialize_semconv()
         finally:
             del os.environ[ENV_SEMCONV_OPT_IN]

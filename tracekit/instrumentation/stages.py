@@ -29,11 +29,11 @@ from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from tracekit import conventions as cv
 from tracekit.errors import ConfigError
 from tracekit.instrumentation import _guard
+from tracekit.instrumentation._otel_internals import SPAN_KEY
 from tracekit.instrumentation._spans import FastSpan, attach_span, current_context, detach
 from tracekit.instrumentation._tracer import FAST_PROVIDER
 
@@ -166,7 +166,7 @@ class Stage:
         return span
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        span = current_context().get(_SPAN_KEY)
+        span = current_context().get(SPAN_KEY)
         if type(span) is FastSpan and span._owner is self:
             cpu = _thread_time() - span._cpu0
             try:
@@ -210,7 +210,7 @@ class Stage:
         return span
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        span = current_context().get(_SPAN_KEY)
+        span = current_context().get(SPAN_KEY)
         if type(span) is FastSpan and span._owner is self:
             span._owner = None
             token, span._token = span._token, None

@@ -1,6 +1,6 @@
 """Training steps as traces: ``train_steps()``, ``communication()`` and the job's identity.
 
-A step plays the part of a request (DESIGN.md, "Training steps"): each iteration of
+A step plays the part of a request (docs/design.md, "Training steps"): each iteration of
 :func:`train_steps` is one trace whose root span is ``train_step`` (``tracekit.step``,
 ``tracekit.step.samples``, the rank), with a ``data_wait`` stage span for the time the
 loop was blocked on the loader. The user's ``tracekit.stage("forward")`` etc. open inside
