@@ -91,3 +91,13 @@ def test_the_whole_corpus_directory_ingests_in_one_go(store, corpus_dir: Path) -
     # The two otelrust files hold the same trace: its 2 spans are duplicates.
     assert report.counts["duplicate"] == 2
     assert report.spans_stored == sum(s for _, s, _ in CORPUS.values()) - 2
+
+
+def test_the_ingest_report_repeats_from_run_to_run(corpus_dir, tmp_path) -> None:
+    # Duplicate spans in one line were listed in whatever order DuckDB's threads gave.
+    from tracekit.analysis.facade import ingest
+
+    runs = [ingest([corpus_dir], store=tmp_path / f"{i}.duckdb") for i in range(4)]
+    problems = [[str(p) for p in run.report.problems] for run in runs]
+    assert any("repeats an earlier one" in p for p in problems[0])
+    assert all(p == problems[0] for p in problems[1:])

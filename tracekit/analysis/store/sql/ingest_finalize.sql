@@ -38,11 +38,13 @@ FROM _tk_stage
 
 -- name: duplicates
 SELECT source, trace_id, span_id, file_no FROM (
-    SELECT source, trace_id, span_id, file_no,
+    SELECT source, trace_id, span_id, file_no, lineno, seq,
            row_number() OVER (PARTITION BY trace_id, span_id
                               ORDER BY file_no, lineno, seq, start_ns, name) AS rn
     FROM _tk_stage
-) WHERE rn > 1 ORDER BY file_no, source
+-- In input order (a line holds many spans: seq is the place within it), so the report
+-- repeats from run to run.
+) WHERE rn > 1 ORDER BY file_no, lineno, seq, trace_id, span_id
 
 -- name: keep_first
 -- Only run when the input repeats a key: keep the first occurrence in input order.
