@@ -1,7 +1,8 @@
 """The ``tracekit`` command: parse arguments, call one library function, render.
 
-Each subcommand lives in ``tracekit/commands/<name>.py`` and exposes
-``register(subparsers)``; the handler it sets returns an exit code. Any
+Each subcommand lives in ``tracekit/commands/<name>.py`` (the demo's in
+``tracekit/demo/command.py``) and exposes ``register(subparsers)``; the handler it sets
+returns an exit code. Any
 :class:`~tracekit.errors.TracekitError` becomes one line on stderr and exit code 2.
 """
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tracekit import Analysis
 from tracekit.demo.interleave import ReleaseRun, run_interleaved
 from tracekit.demo.regressions import REGRESSIONS
-from tracekit.demo.runner import diff_verdict, ingest
+from tracekit.demo.runner import ingest
 
 from .conftest import assert_all_gone
 
@@ -62,7 +63,8 @@ def test_every_release_served_every_request(runs: dict[str, ReleaseRun]) -> None
 @pytest.mark.parametrize("kind", KINDS)
 def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
     regression = REGRESSIONS[kind]
-    verdict = diff_verdict(store, "v1", f"v2-{kind}")
+    with Analysis.open(store) as analysis:
+        verdict = analysis.diff("v1", f"v2-{kind}").verdict
     message = f"{kind}: {verdict.summary}"
     assert verdict.kind == regression.expected_kind, message
     if regression.expected_stages:

@@ -19,7 +19,7 @@ model: open once, then ask.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -83,14 +83,27 @@ def local_store_path(store: str | Path, *, table: str = DEFAULT_TABLE) -> str | 
 
 @dataclass(frozen=True)
 class _GateSettings:
-    """A gate's options once flags, the config file and the defaults are merged."""
+    """A gate's options once arguments, the config file and the defaults are merged."""
 
     budgets: tuple[Budget, ...]
     training_budgets: list[str] | None
+    """The budgets as given, for the training gate (which parses its own)."""
+    training_only: bool
+    """Every budget given is a training budget (samples/s, step time, efficiency)."""
     confidence: float
     min_effect_ms: float
     service: str | None
     route: str | None
+
+    def check_budgets(self, *, training: bool) -> None:
+        """Training budgets on two releases would be silently replaced by the defaults:
+        say so instead."""
+        if self.training_only and not training:
+            assert self.training_budgets
+            raise ConfigError(
+                f"budget {self.training_budgets[0]!r} is for training runs (train_step "
+                "traces); compare two of them, or give a latency budget such as 'p99<=+10%'"
+            )
 
 
 def _is_training_budget(text: str) -> bool:
@@ -105,9 +118,20 @@ class Analysis:
     budget) are :class:`~tracekit.errors.TracekitError` with a one-line message.
     """
 
-    def __init__(self, store: Store, url: StoreURL) -> None:
-        self._store = store
+    def __init__(self, store: Store | Callable[[], Store], url: StoreURL) -> None:
+        """``store``, or what opens it when first needed (a ClickHouse pull: a method
+        checks its arguments first, so a typo costs no pull)."""
+        self._opened: Store | None = None if callable(store) else store
+        self._open = store if callable(store) else None
+        self._runs: dict[str, int] | None = None
         self.url = url
+
+    @property
+    def _store(self) -> Store:
+        if self._opened is None:
+            assert self._open is not None
+            self._opened = self._open()
+        return self._opened
 
     @classmethod
     def open(
@@ -127,8 +151,9 @@ class Analysis:
 
         For a ClickHouse store only the selected requests are pulled (``releases``,
         ``service``, ``route``, a ``trace_prefix``, starting in ``[since, until)``) and
-        attributed, once; every method then reads them. A DuckDB file holds what was
-        ingested into it, so a time range there is an error.
+        attributed, once, when the first question needs them; every method then reads
+        them. A DuckDB file holds what was ingested into it, so a time range there is an
+        error.
         """
         url = parse_store_url(str(store), table=table)
         if not url.is_clickhouse:
@@ -142,20 +167,25 @@ class Analysis:
 
         labels = [releases] if isinstance(releases, str) else list(releases or ())
         selection = Selection(
-            releases=tuple(str(r) for r in labels if r),
+            # "" is a label too: the requests without service.version.
+            releases=tuple(str(r) for r in labels if r is not None),
             service=service,
             route=route,
             trace_prefix=trace_prefix,
             since_ns=None if since is None else units.parse_time_ns(since),
             until_ns=None if until is None else units.parse_time_ns(until),
         )
-        snapshot = open_snapshot(url, selection)
-        try:
-            per_request.refresh(snapshot)
-        except BaseException:
-            snapshot.close()
-            raise
-        return cls(snapshot, url)
+
+        def pull() -> Store:
+            snapshot = open_snapshot(url, selection)
+            try:
+                per_request.refresh(snapshot)
+            except BaseException:
+                snapshot.close()
+                raise
+            return snapshot
+
+        return cls(pull, url)
 
     # --- the store --------------------------------------------------------------------
 
@@ -167,10 +197,11 @@ class Analysis:
     @property
     def path(self) -> str:
         """Where the numbers come from: the DuckDB path or the ClickHouse URL shown."""
-        return str(self._store.path)
+        return self.url.display()
 
     def close(self) -> None:
-        self._store.close()
+        if self._opened is not None:
+            self._opened.close()
 
     def __enter__(self) -> Analysis:
         return self
@@ -189,11 +220,13 @@ class Analysis:
 
     def training_runs(self) -> list[str]:
         """Labels whose traces are training steps (``train_step`` spans)."""
-        return list(training_runs(self._store))
+        if self._runs is None:  # the store is read-only: asked once
+            self._runs = training_runs(self._store)
+        return list(self._runs)
 
     def is_training(self, before: str, after: str) -> bool:
         """Both labels are training runs: diff and gate compare steps, not requests."""
-        runs = training_runs(self._store)
+        runs = self.training_runs()
         return before in runs and after in runs
 
     # --- serving and training questions -----------------------------------------------
@@ -254,7 +287,7 @@ class Analysis:
         before: str,
         after: str,
         *,
-        budgets: Sequence[str] | None = None,
+        budgets: str | Sequence[str] | None = None,
         config: str | Path | GateConfig | None = None,
         confidence: float | None = None,
         min_effect_ms: float | None = None,
@@ -270,7 +303,9 @@ class Analysis:
         are on samples/s, step time or efficiency (docs/training.md).
         """
         s = self._gate_settings(budgets, config, confidence, min_effect_ms, service, route)
-        if self.is_training(before, after):
+        training = self.is_training(before, after)
+        s.check_budgets(training=training)
+        if training:
             return gate_runs(
                 self._store, before, after, s.training_budgets, confidence=s.confidence, seed=seed
             )
@@ -296,6 +331,8 @@ class Analysis:
         ``signal`` and ``target`` say "scale on this instead"; neither: an HPA on CPU at
         70%. ``versions`` (default: the release traced last) form one time line.
         """
+        if target is not None and signal is None:
+            raise ConfigError("--target needs --signal (or give the rule with --hpa FILE)")
         if isinstance(rule, str | Path):
             chosen = load_rule(rule)
         elif rule is not None:
@@ -330,7 +367,7 @@ class Analysis:
         after: str,
         *,
         gate: GateResult | None = None,
-        budgets: Sequence[str] | None = None,
+        budgets: str | Sequence[str] | None = None,
         config: str | Path | GateConfig | None = None,
         slo: str | Slo | None = None,
         window_s: float = 30.0,
@@ -343,9 +380,10 @@ class Analysis:
         """Everything the release report shows: diff, gate (``gate`` when already run,
         else run with ``budgets``/``config``), exemplar waterfalls and, given ``slo``,
         the autoscaling time line of both releases; two training runs: their diff."""
+        s = self._gate_settings(budgets, config, confidence, None, service, route)
         if self.is_training(before, after):
             return reports.training_report(self._store, before, after)
-        s = self._gate_settings(budgets, config, confidence, None, service, route)
+        s.check_budgets(training=False)
         if gate is None:
             gate = self._run_gate(before, after, s, seed)
         return reports.release_report(
@@ -387,7 +425,7 @@ class Analysis:
 
     def _gate_settings(
         self,
-        budgets: Sequence[str] | None,
+        budgets: str | Sequence[str] | None,
         config: str | Path | GateConfig | None,
         confidence: float | None,
         min_effect_ms: float | None,
@@ -395,12 +433,17 @@ class Analysis:
         route: str | None,
     ) -> _GateSettings:
         """Arguments beat the config file, which beats the defaults."""
-        cfg = load_config(config) if isinstance(config, str | Path) else config or GateConfig()
-        texts = list(budgets or ())
+        if isinstance(config, str | Path):
+            # "" is no config: what `--config "${GATE_CONFIG:-}"` passes in CI.
+            cfg = load_config(config) if str(config) else GateConfig()
+        else:
+            cfg = config or GateConfig()
+        texts = [budgets] if isinstance(budgets, str) else list(budgets or ())
         # Training budgets (samples_per_s, step_ms…) are parsed by the training gate.
         training = bool(texts) and all(_is_training_budget(b) for b in texts)
         return _GateSettings(
             budgets=parse_budgets(texts) if texts and not training else cfg.budgets,
+            training_only=training,
             training_budgets=texts or None,
             confidence=confidence or cfg.confidence or DEFAULT_CONFIDENCE,
             min_effect_ms=min_effect_ms if min_effect_ms is not None else cfg.min_effect_ms or 0.0,

@@ -62,7 +62,8 @@ class Verdict:
     kind: str
     """``wait``, ``compute``, ``hidden_wait`` or ``none``."""
     share: float | None
-    """Fraction of the tail growth the primary stage explains (None: none named)."""
+    """Fraction of the tail growth the primary stage explains (NaN when no stage is
+    named; JSON null)."""
     summary: str
 
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracekit.commands._options import store_input
+from tracekit.commands._store import store_input
 from tracekit.outputs import Paths, write_output
 
 if TYPE_CHECKING:

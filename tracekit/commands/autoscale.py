@@ -6,16 +6,9 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import (
-    add_filters,
-    add_format,
-    add_html,
-    add_store,
-    add_version,
-    open_analysis,
-    store_input,
-)
+from tracekit.commands._options import add_filters, add_format, add_html, add_version
 from tracekit.commands._pages import write_page
+from tracekit.commands._store import add_store, open_analysis, store_input
 from tracekit.commands._types import duration_type, slo_type
 from tracekit.errors import ConfigError
 from tracekit.outputs import check_outputs
@@ -42,12 +35,29 @@ def register(sub: Any) -> None:
         help="does the scaling rule see the latency problem? which signal would?",
         description=DESCRIPTION,
     )
-    add_version(parser, dest="release", multiple=True, help="release to audit (default: the one traced last); repeat it to audit a rollout as one time line, e.g. --version v1 --version v2")  # fmt: skip
+    add_version(
+        parser,
+        dest="release",
+        multiple=True,
+        help="release to audit (default: the one traced last); repeat it to audit a rollout as one time line, e.g. --version v1 --version v2",
+    )
     add_filters(parser, route=False)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--hpa", "--rule", dest="rule_file", metavar="FILE", help="HPA (autoscaling/v2), KEDA ScaledObject or Ray Serve config, YAML or JSON")  # fmt: skip
-    source.add_argument("--signal", help="scale on this signal instead: cpu, gpu, inflight, queue_depth, request_rate, latency")  # fmt: skip
-    parser.add_argument("--target", help="target for --signal: 0.7 or 70%% for utilisation, 200ms for latency, a number otherwise")  # fmt: skip
+    source.add_argument(
+        "--hpa",
+        "--rule",
+        dest="rule_file",
+        metavar="FILE",
+        help="HPA (autoscaling/v2), KEDA ScaledObject or Ray Serve config, YAML or JSON",
+    )
+    source.add_argument(
+        "--signal",
+        help="scale on this signal instead: cpu, gpu, inflight, queue_depth, request_rate, latency",
+    )
+    parser.add_argument(
+        "--target",
+        help="target for --signal: 0.7 or 70%% for utilisation, 200ms for latency, a number otherwise",
+    )
     parser.add_argument("--min-replicas", type=int, default=1, help="for --signal")
     parser.add_argument("--max-replicas", type=int, default=100, help="for --signal")
     parser.add_argument(

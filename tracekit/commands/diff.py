@@ -12,9 +12,8 @@ from tracekit.commands._options import (
     add_format,
     add_jaeger_url,
     add_releases,
-    add_store,
-    open_analysis,
 )
+from tracekit.commands._store import add_store, open_analysis
 
 DESCRIPTION = """\
 Compare two releases: tail quantiles with bootstrap intervals, the stage that explains

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import add_format, add_store, open_analysis
+from tracekit.commands._options import add_format
+from tracekit.commands._store import add_store, open_analysis
 
 DESCRIPTION = """\
 Draw one request trace as a waterfall with its critical path marked (★, and █ for the

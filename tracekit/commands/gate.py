@@ -13,11 +13,9 @@ from tracekit.commands._options import (
     add_format,
     add_html,
     add_releases,
-    add_store,
-    open_analysis,
-    store_input,
 )
 from tracekit.commands._pages import write_page
+from tracekit.commands._store import add_store, open_analysis, store_input
 from tracekit.commands._types import duration_ms_type
 from tracekit.outputs import check_outputs, write_output
 
@@ -93,7 +91,14 @@ def run(args: argparse.Namespace) -> int:
 
     inputs = {**store_input(args), "--config": args.config}
     check_outputs({"--html": args.html, "--junit": args.junit, "--markdown": args.markdown}, inputs)
-    options: dict[str, Any] = dict(budgets=args.budget, config=args.config, confidence=args.confidence, seed=args.seed, service=args.service, route=args.route)  # fmt: skip
+    options: dict[str, Any] = dict(
+        budgets=args.budget,
+        config=args.config,
+        confidence=args.confidence,
+        seed=args.seed,
+        service=args.service,
+        route=args.route,
+    )
     with open_analysis(args, releases=(args.before, args.after)) as analysis:
         result = analysis.gate(args.before, args.after, min_effect_ms=args.min_effect, **options)
         code = EXIT_CODES[result.result]

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from tracekit.commands._common import INPUT_SKIPPED, add_command, emit, progress_bar
-from tracekit.commands._options import add_format, add_store
+from tracekit.commands._options import add_format
+from tracekit.commands._store import add_store
 
 DESCRIPTION = """\
 Read traces into the tracekit store (a DuckDB file), then attribute each request's

@@ -6,16 +6,9 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command
-from tracekit.commands._options import (
-    add_confidence,
-    add_filters,
-    add_jaeger_url,
-    add_releases,
-    add_store,
-    open_analysis,
-    store_input,
-)
+from tracekit.commands._options import add_confidence, add_filters, add_jaeger_url, add_releases
 from tracekit.commands._pages import write_page
+from tracekit.commands._store import add_store, open_analysis, store_input
 from tracekit.commands._types import duration_type, slo_type
 from tracekit.outputs import check_outputs
 from tracekit.render.text import printable

@@ -11,12 +11,10 @@ from tracekit.commands._options import (
     add_format,
     add_html,
     add_jaeger_url,
-    add_store,
     add_version,
-    open_analysis,
-    store_input,
 )
 from tracekit.commands._pages import write_page
+from tracekit.commands._store import add_store, open_analysis, store_input
 from tracekit.outputs import check_outputs
 
 DESCRIPTION = """\

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import add_format, add_store, add_version, open_analysis
+from tracekit.commands._options import add_format, add_version
+from tracekit.commands._store import add_store, open_analysis
 
 DESCRIPTION = """\
 Break each training run's step time into data_wait, forward, backward, optimizer,

@@ -6,13 +6,8 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import (
-    add_filters,
-    add_format,
-    add_store,
-    add_version,
-    open_analysis,
-)
+from tracekit.commands._options import add_filters, add_format, add_version
+from tracekit.commands._store import add_store, open_analysis
 
 DESCRIPTION = """\
 Summarise releases in the store: requests, p50/p90/p95/p99, and per stage the mean,

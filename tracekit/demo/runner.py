@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -196,12 +196,19 @@ def show(result: Any) -> None:
     sys.stdout.flush()
 
 
-def diff_verdict(db: Path, before: str = BEFORE, after: str = AFTER) -> Any:
-    """The :class:`~tracekit.analysis.results.Verdict` of ``tracekit diff``."""
-    from tracekit.analysis.facade import Analysis
+T = TypeVar("T")
 
-    with Analysis.open(db) as analysis:
-        return analysis.diff(before, after).verdict
+
+def step(command: str, run: Callable[[], T]) -> T | None:
+    """One step of the analysis; an error in it is printed as its command prints it,
+    and the demo goes on with the next (None stands for the missing result)."""
+    from tracekit.render.text import printable
+
+    try:
+        return run()
+    except TracekitError as exc:
+        print(printable(f"tracekit {command}: error: {exc}"), file=sys.stderr, flush=True)
+        return None
 
 
 def ingest(db: Path, files: Sequence[Path]) -> int:
@@ -369,18 +376,24 @@ def report(
     slo, window = slo_for(runs[0].load), window_for(duration_s)
     with Analysis.open(db) as analysis:
         _heading(f"tracekit summary --version {AFTER}")
-        show(analysis.summary(AFTER))
+        step("summary", lambda: show(analysis.summary(AFTER)))
         _heading(f"tracekit diff --before {BEFORE} --after {AFTER}")
-        diff = analysis.diff(BEFORE, AFTER)
+        diff = analysis.diff(BEFORE, AFTER)  # no verdict, no demo: this one may raise
         assert isinstance(diff, DiffResult)  # v1 and v2 are releases, not training runs
         show(diff)
         _heading(f"tracekit gate --before {BEFORE} --after {AFTER}")
-        gate = analysis.gate(BEFORE, AFTER)
-        show(gate)
+        gate = step("gate", lambda: analysis.gate(BEFORE, AFTER))
+        if gate is not None:
+            show(gate)
+        objective = f"p95<{slo}ms"
         _heading(
-            f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "p95<{slo}ms" --window {window:g}s'
+            f'tracekit autoscale --version {BEFORE} --version {AFTER} --slo "{objective}" --window {window:g}s'
         )
-        show(analysis.autoscale([BEFORE, AFTER], slo=f"p95<{slo}ms", window_s=window))
+        audit = step(
+            "autoscale", lambda: analysis.autoscale([BEFORE, AFTER], slo=objective, window_s=window)
+        )
+        if audit is not None:
+            show(audit)
         if scraped:
             _heading(
                 f"ranker {AFTER} metrics endpoint, scraped once (the series the snippets name)"
@@ -388,10 +401,12 @@ def report(
             print("\n".join(scraped), flush=True)
         if html is not None:
             _heading(f"tracekit report --before {BEFORE} --after {AFTER} -o {html}")
-            write_report(analysis, html, gate, slo=f"p95<{slo}ms", window_s=window)
+            step(
+                "report", lambda: write_report(analysis, html, gate, slo=objective, window_s=window)
+            )
     _heading("result")
     stage, kind = diff.verdict.primary_stage, diff.verdict.kind
-    gate_word = str(gate.result)
+    gate_word = "error" if gate is None else str(gate.result)
     found = kind if kind == "none" else f"{stage} ({kind})"
     expected = (
         "none"
@@ -411,7 +426,7 @@ def report(
     sys.stdout.flush()
 
 
-def write_report(analysis: Any, html: Path, gate: Any, *, slo: str, window_s: float) -> None:
+def write_report(analysis: Any, html: Path, gate: Any | None, *, slo: str, window_s: float) -> None:
     """The release report of the run, as ``tracekit report`` writes it."""
     from tracekit.outputs import write_output
     from tracekit.render.html import render_report

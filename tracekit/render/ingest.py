@@ -101,7 +101,7 @@ def render_markdown(outcome: IngestOutcome) -> str:
 
 
 def to_dict(outcome: IngestOutcome) -> dict[str, Any]:
-    """The JSON document of ``tracekit ingest --format json`` (README, JSON output)."""
+    """The JSON document of ``tracekit ingest --format json`` (docs/json.md)."""
     r = outcome.report
     return {
         "files": r.files,

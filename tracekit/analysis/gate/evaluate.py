@@ -73,7 +73,16 @@ from tracekit.analysis.gate.statistics import (
     release_replicates,
     split_counts,
 )
-from tracekit.analysis.results import FAIL, INCONCLUSIVE, PASS, Flag, ReleaseRef, Verdict, overall
+from tracekit.analysis.results import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Flag,
+    Outcome,
+    ReleaseRef,
+    Verdict,
+    overall,
+)
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
 
@@ -92,7 +101,7 @@ FloatArray = npt.NDArray[np.float64]
 class GateResult:
     """The gate's answer; render it with :mod:`tracekit.render.gate`."""
 
-    result: str
+    result: Outcome
     summary: str
     before: ReleaseRef
     after: ReleaseRef

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracekit.analysis.results import Outcome
+
 # Why a check came out as it did (``GateCheck.reason``).
 WITHIN = "within"
 BEYOND = "beyond"
@@ -40,7 +42,7 @@ class GateCheck:
     kind: str
     """``relative``, ``delta`` or ``absolute``."""
     op: str
-    result: str
+    result: Outcome
     reason: str
     """``within``, ``beyond``, ``straddles``, ``too_few_tail_samples`` or ``zero_baseline``."""
     observed: float

@@ -7,7 +7,7 @@ there into the columns of tracekit's ``spans`` table (``sql/clickhouse_select_sp
 ids, enum names, nanoseconds, stage columns, sample weights, attributes as JSON, one row
 per span id) and streamed out as Arrow record batches into an in-memory DuckDB store with
 the usual schema. The caller then runs attribution and the analysis on that store exactly
-as on a file (``tracekit.commands._common.open_analysis_store`` does both).
+as on a file (:meth:`tracekit.Analysis.open` does both, once).
 
 ClickHouse is only ever read here: the table is checked against the exporter's shape
 (``system.columns``), then one SELECT runs. A read-only user suffices. Writing trace files
@@ -102,8 +102,8 @@ class Selection:
 class ClickHouseSnapshot(Store):
     """An in-memory DuckDB store holding the spans pulled from ClickHouse.
 
-    ``pulled_rows``/``pulled_bytes`` say how much left the engine (Arrow buffer bytes);
-    ``needs_attribution`` is True until the caller has run
+    ``pulled_rows``/``pulled_bytes`` say how much left the engine (Arrow buffer bytes).
+    Its ``requests`` are empty until the caller runs
     :func:`tracekit.analysis.attribution.per_request.refresh` on it.
     """
 
@@ -113,7 +113,6 @@ class ClickHouseSnapshot(Store):
         self.pulled_rows = 0
         self.pulled_bytes = 0
         self.pull_seconds = 0.0
-        self.needs_attribution = True
 
 
 def _sql(name: str) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracekit.analysis.results import FAIL, INCONCLUSIVE, PASS, overall
+from tracekit.analysis.results import FAIL, INCONCLUSIVE, PASS, Outcome, overall
 from tracekit.analysis.store import Store
 from tracekit.analysis.training.model import RunSteps
 from tracekit.analysis.training.steps import load_run
@@ -48,7 +48,7 @@ class TrainingBudget:
 class TrainingCheck:
     budget: str
     metric: str
-    result: str
+    result: Outcome
     observed: float | None
     """The after run's statistic (relative budgets: the change as a fraction)."""
     ci_low: float | None
@@ -61,7 +61,7 @@ class TrainingCheck:
 class TrainingGateResult:
     before: str
     after: str
-    result: str
+    result: Outcome
     exit_code: int | None = None
     """The process exit code of ``tracekit gate``: set by the CLI, which owns exit codes
     (None from the library)."""
