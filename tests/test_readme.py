@@ -7,10 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from tracekit.analysis.store import open_store
-from tracekit.testing import TraceBuilder
+from tracekit.testing import TraceBuilder, queue_regression
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -36,19 +34,8 @@ def shape(text: str) -> str:
 
 def demo_like_store(path: Path) -> None:
     """v1, and v2 whose batching waits far longer (what `tracekit demo` injects)."""
-    rng = np.random.default_rng(0)
     builder = TraceBuilder(service="ranker", version="v1", seed=0)
-    for n, (version, queue_ms) in enumerate((("v1", 4.0), ("v2", 120.0))):
-        for i in range(664):
-            queue = float(rng.lognormal(np.log(queue_ms), 0.3))
-            model = float(rng.lognormal(np.log(6.0), 0.1))
-            r = builder.request(
-                start_ms=n * 100_000 + i * 40.0,
-                duration_ms=round(queue + model + 1.0, 3),
-                version=version,
-            )
-            r.stage("batch_queue", start_ms=0.5, duration_ms=round(queue, 3), time_kind="wait")
-            r.stage("model_execute", start_ms=round(0.5 + queue, 3), duration_ms=round(model, 3))
+    queue_regression(builder, requests=664, queue_ms=4.0, after_queue_ms=120.0)
     with open_store(path) as store:
         builder.load(store)
 

@@ -21,6 +21,7 @@ so the same calls always build the same trace.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -547,6 +548,52 @@ def worked_example(builder: TraceBuilder | None = None, *, start_ms: float = 0.0
     )
     r.stage(cv.POSTPROCESS, start_ms=145, duration_ms=10, cpu_ms=9.0)
     return r
+
+
+def queue_regression(
+    builder: TraceBuilder,
+    *,
+    releases: Sequence[str] = ("v1", "v2"),
+    requests: int = 400,
+    queue_ms: float = 5.0,
+    after_queue_ms: float | None = None,
+    extra_ms: float = 0.0,
+    extra_share: float = 0.2,
+    stage: str = cv.BATCH_QUEUE,
+    name: str = "POST /predict",
+    model_child: str | None = None,
+    seed: int = 0,
+) -> None:
+    """Two releases of ``requests`` each, a wait ``stage`` then ``model_execute``, whose
+    wait grows in the last: its median is ``after_queue_ms`` (default ``queue_ms``), and
+    ``extra_share`` of its requests wait ``extra_ms`` more; ``model_child`` names a span
+    inside the model's. Requests arrive every 50 ms, the releases 100 s apart; lognormal
+    times, deterministic from ``seed``."""
+    rng = random.Random(seed)
+    for n, version in enumerate(releases):
+        last = n == len(releases) - 1
+        median = after_queue_ms if last and after_queue_ms is not None else queue_ms
+        for i in range(requests):
+            queue = rng.lognormvariate(math.log(median), 0.3)
+            queue += extra_ms if last and rng.random() < extra_share else 0.0
+            model = rng.lognormvariate(math.log(10.0), 0.1)
+            r = builder.request(
+                start_ms=n * 100_000 + i * 50.0,
+                duration_ms=round(queue + model + 1.0, 3),
+                version=version,
+                name=name,
+            )
+            r.stage(stage, start_ms=0.5, duration_ms=round(queue, 3), time_kind="wait")
+            m = r.stage(
+                cv.MODEL_EXECUTE, start_ms=round(0.5 + queue, 3), duration_ms=round(model, 3)
+            )
+            if model_child is not None:
+                r.span(
+                    model_child,
+                    start_ms=round(0.6 + queue, 3),
+                    duration_ms=round(model / 2, 3),
+                    parent=m,
+                )
 
 
 def training_run(

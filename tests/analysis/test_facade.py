@@ -11,7 +11,6 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tracekit import Analysis
@@ -26,24 +25,12 @@ from tracekit.analysis.store import open_store
 from tracekit.analysis.training.gate import TrainingGateResult
 from tracekit.analysis.training.model import StepsResult, TrainingDiff
 from tracekit.errors import ConfigError, QueryError
-from tracekit.testing import TraceBuilder, training_run
+from tracekit.testing import TraceBuilder, queue_regression, training_run
 
 
 def _serving(builder: TraceBuilder) -> None:
     """v1, and v2 whose batch queue grows in a fifth of its requests."""
-    rng = np.random.default_rng(3)
-    for n, (version, extra_ms) in enumerate((("v1", 0.0), ("v2", 40.0))):
-        for i in range(400):
-            queue = float(rng.lognormal(np.log(5.0), 0.3))
-            queue += extra_ms if rng.random() < 0.2 else 0.0
-            model = float(rng.lognormal(np.log(10.0), 0.1))
-            r = builder.request(
-                start_ms=n * 100_000 + i * 50.0,
-                duration_ms=round(queue + model + 1.0, 3),
-                version=version,
-            )
-            r.stage("batch_queue", start_ms=0.5, duration_ms=round(queue, 3), time_kind="wait")
-            r.stage("model_execute", start_ms=round(0.5 + queue, 3), duration_ms=round(model, 3))
+    queue_regression(builder, extra_ms=40.0, seed=3)
 
 
 @pytest.fixture(scope="module")

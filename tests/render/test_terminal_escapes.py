@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tracekit.analysis.store import open_store
 from tracekit.cli import main
 from tracekit.render.text import printable
-from tracekit.testing import TraceBuilder, training_run
+from tracekit.testing import TraceBuilder, queue_regression, training_run
 
 STAGE = "bq\x1b[1A\x1b[2Kstage"
 """Cursor up, erase line: would hide the line above it (a gate's ``fail:``)."""
@@ -48,23 +47,15 @@ def escaped(name: str) -> str:
 
 def build(builder: TraceBuilder) -> None:
     """v1, then the hostile release where the hostile stage's tail grows."""
-    rng = np.random.default_rng(0)
-    for n, (version, extra_ms) in enumerate((("v1", 0.0), (AFTER, 30.0))):
-        for i in range(300):
-            queue = float(rng.lognormal(np.log(5.0), 0.3))
-            queue += extra_ms if rng.random() < 0.2 else 0.0
-            model = float(rng.lognormal(np.log(10.0), 0.1))
-            r = builder.request(
-                start_ms=n * 100_000 + i * 50.0,
-                duration_ms=round(queue + model + 1.0, 3),
-                version=version,
-                name=ROOT,
-            )
-            r.stage(STAGE, start_ms=0.5, duration_ms=round(queue, 3), time_kind="wait")
-            s = r.stage(
-                "model_execute", start_ms=round(0.5 + queue, 3), duration_ms=round(model, 3)
-            )
-            r.span(SPAN, start_ms=round(0.6 + queue, 3), duration_ms=round(model / 2, 3), parent=s)
+    queue_regression(
+        builder,
+        releases=("v1", AFTER),
+        requests=300,
+        extra_ms=30.0,
+        stage=STAGE,
+        name=ROOT,
+        model_child=SPAN,
+    )
 
 
 @pytest.fixture(scope="module")
