@@ -9,8 +9,16 @@ ClickHouse SQL, in chDB. Then:
   part and the bytes that left the engine (Arrow buffers) against the table's size.
 * **DuckDB path** — the same spans, already attributed in a DuckDB store (as
   ``tracekit ingest`` leaves it), diffed: the one-machine baseline of the same run.
+* **Attributed path** — ``tracekit attribute`` over the whole table (spans/s per
+  process), then ``--shard 0/2`` alone (its time against the unsharded run's), then
+  ``diff`` reading the attributed rows: its time against the DuckDB path's and against
+  merely reading the selected spans' ids, times and stage out of the engine as Arrow
+  (the floor any span-pulling design pays), and the bytes that left the engine against
+  the span pull's. Each ``attribute`` runs in a child process, which reports its peak
+  RSS (compare ``--requests 100000`` with ``1000000``: bounded batches).
 
-Prints; asserts nothing. ``--requests 50000`` for a quick look.
+Prints ratios measured in the same run; asserts nothing. ``--requests 50000`` for a
+quick look.
 
     .venv/bin/python benchmarks/clickhouse.py [--requests 1000000] [--dir DIR]
 """
@@ -139,7 +147,77 @@ def main(argv: list[str] | None = None) -> int:
         f"({total / duck_s:.1f}×); data out of ClickHouse {left / 1e6:,.0f} MB, "
         "out of DuckDB 0 (in process)"
     )
+    attributed(url, selection, duck_s, left, int(rows))
     return 0
+
+
+def _attribute_child(path: str, prefix: str, shard: str) -> tuple[float, int, int]:
+    """``tracekit attribute`` in a fresh process: (seconds, spans, peak RSS bytes)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, resource, time\n"
+        "from tracekit.analysis.attribute import attribute, parse_shard\n"
+        "from tracekit.analysis.store.attributed import AttributedNames\n"
+        "from tracekit.analysis.store.url import parse_store_url\n"
+        f"url = parse_store_url({path!r})\n"
+        f"r = attribute(url, settle_s=0, shard=parse_shard({shard!r}), "
+        f"names=AttributedNames({prefix!r}))\n"
+        "print(json.dumps([r.seconds, r.spans, "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"attribute {shard} failed:\n{out.stderr[-2000:]}")
+    seconds, spans, rss = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(seconds), int(spans), int(rss)
+
+
+def attributed(url: Any, selection: Selection, duck_s: float, span_bytes: int, spans: int) -> None:
+    from tracekit.analysis.store.attributed import open_attributed
+
+    print("Attributed path (tracekit attribute, then tracekit diff --store chdb://…):")
+    whole_s, whole_spans, whole_rss = _attribute_child(f"chdb://{url.path}", "tracekit_", "0/1")
+    print(
+        f"  attribute, whole table                {whole_s:8.2f} s   "
+        f"{whole_spans / whole_s:,.0f} spans/s, peak RSS {whole_rss / 1e6:,.0f} MB"
+    )
+    shard_s, shard_spans, _ = _attribute_child(f"chdb://{url.path}", "tkshard_", "0/2")
+    print(
+        f"  attribute --shard 0/2 (fresh tables)  {shard_s:8.2f} s   "
+        f"{shard_spans:,} spans, {shard_s / whole_s:.2f}× the unsharded run"
+    )
+    store, read_s = timed("read attributed rows as Arrow", open_attributed, url, selection)
+    assert store is not None
+    _, diff_s = timed("diff", diff_releases, store, "v1", "v2")
+    out = store.pulled_bytes
+    store.close()
+    client = connect(url)
+    table = f"`{url.database}`.`{url.table}`"
+    floor_sql = (
+        f"SELECT TraceId, SpanId, ParentSpanId, Timestamp, Duration, "
+        f"SpanAttributes['tracekit.stage'] FROM {table} "
+        "WHERE ResourceAttributes['service.version'] IN ('v1', 'v2')"
+    )
+    t0 = time.perf_counter()
+    floor_bytes = 0
+    with client.query_arrow_stream(floor_sql) as stream:
+        for batch in stream:
+            floor_bytes += batch.nbytes
+    floor_s = time.perf_counter() - t0
+    client.close()
+    print(
+        f"  floor: read ids, times, stage of the spans  {floor_s:8.2f} s ({floor_bytes / 1e6:,.0f} MB)"
+    )
+    end = read_s + diff_s
+    print(
+        f"attributed diff end to end {end:.2f} s: {end / duck_s:.2f}× the DuckDB path, "
+        f"{end / floor_s:.2f}× the span-read floor; {out / 1e6:,.1f} MB left the engine "
+        f"against {span_bytes / 1e6:,.0f} MB for the span pull ({out / span_bytes:.3f}×); "
+        f"attribute {whole_spans / whole_s:,.0f} spans/s of {spans:,}"
+    )
 
 
 if __name__ == "__main__":

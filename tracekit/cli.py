@@ -15,6 +15,7 @@ from types import ModuleType
 
 from tracekit import __version__
 from tracekit.commands import (
+    attribute,
     autoscale,
     collect,
     diff,
@@ -41,6 +42,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     steps,
     report,
     collect,
+    attribute,
     demo,
 )
 """The modules whose ``register(subparsers)`` add each subcommand, in help order. Each

@@ -1,9 +1,11 @@
 """The same traces in DuckDB and in the exporter's ClickHouse table give the same answers.
 
 Two releases are built with :class:`tracekit.testing.TraceBuilder`, written to OTLP JSONL,
-and ingested twice with the real CLI: into a DuckDB file and, through the exporter's own
-DDL, into ClickHouse (chDB here). Every analysis command then runs against both with
-``--format json`` and the outputs must be identical, byte for byte.
+and ingested with the real CLI: into a DuckDB file and, through the exporter's own DDL,
+into three ClickHouse tables (chDB here): one read by pulling its spans, one attributed by
+``tracekit attribute``, one attributed by two shards (0/2 and 1/2). Every analysis command
+then runs against each with ``--format json`` and the outputs must be identical, byte for
+byte.
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tracekit import conventions as cv
+from tracekit.analysis.store.attributed import AttributedNames
+from tracekit.analysis.store.clickhouse import connect
+from tracekit.analysis.store.url import parse_store_url
 from tracekit.cli import main
 from tracekit.testing import TraceBuilder
 
@@ -68,20 +76,51 @@ def build(path: Path, version: str, seed: int, miss: float) -> tuple[Path, str]:
     return b.write_jsonl(path / f"{version}.jsonl"), b.trace_ids()[7]
 
 
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory, clickhouse_url: str) -> dict[str, str]:
-    import uuid
+@pytest.fixture(scope="module", autouse=True)
+def engine(clickhouse_url: str) -> Iterator[None]:
+    """A client held open for the module: chDB then keeps its engine up between the
+    commands' own connections, each of which would otherwise start it again (~0.2 s)."""
+    client = connect(parse_store_url(clickhouse_url))
+    yield
+    client.close()
 
+
+@pytest.fixture(scope="module")
+def stores(
+    tmp_path_factory: pytest.TempPathFactory, clickhouse_url: str
+) -> Iterator[dict[str, str]]:
     tmp = tmp_path_factory.mktemp("equiv")
     f1, _ = build(tmp, "v1", 1, miss=0.05)
     f2, trace = build(tmp, "v2", 2, miss=0.35)
     duck = str(tmp / "t.duckdb")
-    table = f"otel_traces_eq_{uuid.uuid4().hex[:8]}"
+    tag = uuid.uuid4().hex[:8]
+    # The analysis commands read the attributed tables of their own spans table, so each
+    # way of attributing gets a table of its own holding the same spans.
+    tables = {k: f"otel_traces_eq_{k}_{tag}" for k in ("pulled", "attributed", "sharded")}
     assert run("ingest", str(f1), str(f2), "--db", duck)[0] == 0
-    rc, out, err = run("ingest", str(f1), str(f2), "--store", clickhouse_url, "--table", table)
-    assert rc == 0, err
-    assert "table created with the exporter's DDL" in out
-    return {"duck": duck, "ch": clickhouse_url, "table": table, "trace": trace}
+    for table in tables.values():
+        rc, out, err = run("ingest", str(f1), str(f2), "--store", clickhouse_url, "--table", table)
+        assert rc == 0, err
+        assert "table created with the exporter's DDL" in out
+    for table, shards in ((tables["attributed"], ["0/1"]), (tables["sharded"], ["0/2", "1/2"])):
+        written = 0
+        for shard in shards:
+            rc, out, err = run(
+                "attribute", "--store", clickhouse_url, "--table", table, "--shard", shard,
+                "--format", "json",
+            )  # fmt: skip
+            assert rc == 0, err
+            written += json.loads(out)["requests"]
+        assert written == 2 * N
+    yield {"duck": duck, "ch": clickhouse_url, **tables, "trace": trace}
+    url = parse_store_url(clickhouse_url)
+    client = connect(url)
+    try:
+        for table in tables.values():
+            for name in (table, *AttributedNames.for_table(table).all()):
+                client.command(f"DROP TABLE IF EXISTS `{url.database}`.`{name}`")
+    finally:
+        client.close()
 
 
 COMMANDS = [
@@ -95,32 +134,80 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:1] + c[3:4]))
+IDS = [" ".join(c[:1] + c[3:4]) for c in COMMANDS]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
 def test_every_command_gives_the_same_json_from_duckdb_and_clickhouse(
     stores: dict[str, str], command: list[str]
 ) -> None:
     duck = run(*command, "--format", "json", "--db", stores["duck"])
-    ch = run(*command, "--format", "json", "--store", stores["ch"], "--table", stores["table"])
+    ch = run(*command, "--format", "json", "--store", stores["ch"], "--table", stores["pulled"])
     assert duck[0] == ch[0], (duck[2], ch[2])
     assert duck[1], duck[2]
     assert json.loads(ch[1]) == json.loads(duck[1])
     assert ch[1] == duck[1]
+    # No attributed tables here: the spans were pulled, and the command says so.
+    assert ch[2].startswith("note: no attributed tables in "), ch[2]
 
 
-def test_explain_pulls_one_trace_by_prefix_and_matches_duckdb(stores: dict[str, str]) -> None:
+@pytest.mark.parametrize("source", ["attributed", "sharded"])
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+def test_every_command_gives_the_same_json_from_the_attributed_tables(
+    stores: dict[str, str], command: list[str], source: str
+) -> None:
+    duck = run(*command, "--format", "json", "--db", stores["duck"])
+    ch = run(*command, "--format", "json", "--store", stores["ch"], "--table", stores[source])
+    assert duck[0] == ch[0], (duck[2], ch[2])
+    assert duck[1], duck[2]
+    assert json.loads(ch[1]) == json.loads(duck[1])
+    assert ch[1] == duck[1]
+    # Read from attributed requests that are up to date: no fallback, no lag.
+    assert ch[2] == ""
+
+
+@pytest.mark.parametrize("source", ["pulled", "attributed", "sharded"])
+def test_explain_pulls_one_trace_by_prefix_and_matches_duckdb(
+    stores: dict[str, str], source: str
+) -> None:
     prefix = stores["trace"][:10]
     duck = run("explain", prefix, "--format", "json", "--db", stores["duck"])
     ch = run(
-        "explain", prefix, "--format", "json", "--store", stores["ch"], "--table", stores["table"]
+        "explain", prefix, "--format", "json", "--store", stores["ch"], "--table", stores[source]
     )
     assert duck[0] == ch[0] == 0, ch[2]
     assert ch[1] == duck[1]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["pulled", "attributed", "sharded"],
+)
+def test_the_report_shows_the_same_slowest_traces(
+    stores: dict[str, str], source: str, tmp_path: Path
+) -> None:
+    pages = {}
+    for name, where in (
+        ("duck", ["--db", stores["duck"]]),
+        (source, ["--store", stores["ch"], "--table", stores[source]]),
+    ):
+        page = tmp_path / f"{name}.html"
+        rc, _, err = run("report", "--before", "v1", "--after", "v2", "-o", str(page), *where)
+        assert rc == 0, err
+        pages[name] = page.read_text()
+    traces = {
+        k: re.findall(r'<div class="trace" data-trace-id="([0-9a-f]+)"', v)
+        for k, v in pages.items()
+    }
+    assert traces["duck"]
+    assert traces[source] == traces["duck"]
+    assert "ingest it first" not in pages[source]
 
 
 def test_ingesting_the_same_files_again_writes_nothing(
     stores: dict[str, str], tmp_path: Path
 ) -> None:
     f, _ = build(tmp_path, "v1", 1, miss=0.05)
-    rc, out, _ = run("ingest", str(f), "--store", stores["ch"], "--table", stores["table"])
+    rc, out, _ = run("ingest", str(f), "--store", stores["ch"], "--table", stores["pulled"])
     assert rc == 0
     assert ": 0 spans written," in out

@@ -8,14 +8,15 @@ import typing
 
 import pytest
 
-from tracekit.analysis.facade import Analysis, IngestOutcome, ingest
+from tracekit.analysis.facade import Analysis, IngestOutcome, attribute, ingest
 from tracekit.analysis.report import Report
 from tracekit.render import FORMATS, render, renderers_for
 from tracekit.render.dispatch import renderers_for as dispatch
 
 
 def public_result_types() -> set[type]:
-    """Every type an :class:`Analysis` method or :func:`ingest` returns (lists unpacked)."""
+    """Every type an :class:`Analysis` method, :func:`ingest` or :func:`attribute`
+    returns (lists unpacked)."""
     found: set[type] = set()
 
     def add(hint: object) -> None:
@@ -29,7 +30,7 @@ def public_result_types() -> set[type]:
             found.add(hint)
 
     methods = [getattr(Analysis, n) for n in dir(Analysis) if not n.startswith("_")]
-    for fn in [*methods, ingest]:
+    for fn in [*methods, ingest, attribute]:
         if callable(fn) and not isinstance(fn, property):
             hint = typing.get_type_hints(fn).get("return")
             if hint is not None:
@@ -52,6 +53,7 @@ def test_the_public_results_are_the_ones_expected() -> None:
         "AutoscaleResult",
         "StepsResult",
         "IngestOutcome",
+        "AttributeReport",
     }
 
 

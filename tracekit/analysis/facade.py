@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
 from tracekit import units
 from tracekit.analysis import report as reports
+from tracekit.analysis.attribute import AttributeReport, Shard, attribute, follow, parse_shard
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.attribution.explain import Explanation, explain_trace
 from tracekit.analysis.autoscale import rules as scaling
@@ -45,6 +46,7 @@ from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, GateResult, run_
 from tracekit.analysis.loading import JAEGER_LIMIT, IngestOutcome, ingest
 from tracekit.analysis.report import Report
 from tracekit.analysis.store import DatabaseError, Store, open_store
+from tracekit.analysis.store.attributed import AttributedNames
 from tracekit.analysis.store.url import DEFAULT_TABLE, StoreURL, parse_store_url
 from tracekit.analysis.training.diff import diff_runs
 from tracekit.analysis.training.gate import METRICS as TRAINING_METRICS
@@ -56,6 +58,14 @@ from tracekit.errors import ConfigError
 __all__ = [
     "JAEGER_LIMIT",
     "Analysis",
+    "AttributeReport",
+    "AttributedNames",
+    "ConfigError",
+    "Shard",
+    "attribute",
+    "follow",
+    "parse_shard",
+    "parse_store_url",
     "DatabaseError",
     "DiffResult",
     "GateResult",
@@ -118,13 +128,37 @@ class Analysis:
     budget) are :class:`~tracekit.errors.TracekitError` with a one-line message.
     """
 
-    def __init__(self, store: Store | Callable[[], Store], url: StoreURL) -> None:
+    def __init__(
+        self,
+        store: Store | Callable[[], Store],
+        url: StoreURL,
+        *,
+        pull_spans: Callable[[str | None], Store] | None = None,
+    ) -> None:
         """``store``, or what opens it when first needed (a ClickHouse pull: a method
-        checks its arguments first, so a typo costs no pull)."""
+        checks its arguments first, so a typo costs no pull). ``pull_spans`` gives the
+        selection's spans (or one trace's) where ``store`` holds attributed requests only:
+        training runs and waterfalls are drawn from spans."""
         self._opened: Store | None = None if callable(store) else store
         self._open = store if callable(store) else None
+        self._pull_spans = pull_spans
+        self._spans: Store | None = None
         self._runs: dict[str, int] | None = None
         self.url = url
+
+    @property
+    def _attributed(self) -> bool:
+        return bool(getattr(self._store, "attributed", False))
+
+    @property
+    def _span_store(self) -> Store:
+        """A store with spans: the store itself, or (attributed) the selection's spans."""
+        if not self._attributed:
+            return self._store
+        if self._spans is None:
+            assert self._pull_spans is not None
+            self._spans = self._pull_spans(None)
+        return self._spans
 
     @property
     def _store(self) -> Store:
@@ -163,7 +197,12 @@ class Analysis:
                     "what was ingested into it"
                 )
             return cls(open_store(url.path, read_only=True), url)
-        from tracekit.analysis.store.clickhouse import Selection, open_snapshot
+        from tracekit.analysis.store.attributed import open_attributed
+        from tracekit.analysis.store.clickhouse import (
+            ClickHouseSnapshot,
+            Selection,
+            open_snapshot,
+        )
 
         labels = [releases] if isinstance(releases, str) else list(releases or ())
         selection = Selection(
@@ -176,8 +215,10 @@ class Analysis:
             until_ns=None if until is None else units.parse_time_ns(until),
         )
 
-        def pull() -> Store:
-            snapshot = open_snapshot(url, selection)
+        def pull_spans(prefix: str | None = None) -> ClickHouseSnapshot:
+            """The selected traces' spans, attributed here (``prefix``: one trace)."""
+            chosen = selection if prefix is None else replace(selection, trace_prefix=prefix)
+            snapshot = open_snapshot(url, chosen)
             try:
                 per_request.refresh(snapshot)
             except BaseException:
@@ -185,7 +226,25 @@ class Analysis:
                 raise
             return snapshot
 
-        return cls(pull, url)
+        def pull() -> Store:
+            # Attributed once by `tracekit attribute`: read the requests' rows, no span.
+            # explain needs the one trace's spans, and a database without the attributed
+            # tables gets today's pull (and a note saying so).
+            if trace_prefix is None:
+                attributed = open_attributed(url, selection)
+                if attributed is not None:
+                    return attributed
+            snapshot = pull_spans()
+            if trace_prefix is None:
+                snapshot.notes.append(
+                    f"no attributed tables in {url.display()}: pulled and attributed "
+                    f"{snapshot.pulled_rows:,} spans for this command; run `tracekit "
+                    "attribute --store URL` once (and then as traffic arrives) to answer "
+                    "from attributed requests"
+                )
+            return snapshot
+
+        return cls(pull, url, pull_spans=pull_spans)
 
     # --- the store --------------------------------------------------------------------
 
@@ -199,9 +258,17 @@ class Analysis:
         """Where the numbers come from: the DuckDB path or the ClickHouse URL shown."""
         return self.url.display()
 
+    @property
+    def notes(self) -> list[str]:
+        """What the reader of any answer should know about where it came from: on a
+        ClickHouse store, how far the attributed tables lag the spans, or that there
+        were none and the spans were pulled."""
+        return list(getattr(self._opened, "notes", ()))
+
     def close(self) -> None:
-        if self._opened is not None:
-            self._opened.close()
+        for store in (self._opened, self._spans):
+            if store is not None:
+                store.close()
 
     def __enter__(self) -> Analysis:
         return self
@@ -221,7 +288,9 @@ class Analysis:
     def training_runs(self) -> list[str]:
         """Labels whose traces are training steps (``train_step`` spans)."""
         if self._runs is None:  # the store is read-only: asked once
-            self._runs = training_runs(self._store)
+            store = self._store
+            attributed = getattr(store, "training_labels", None) if self._attributed else None
+            self._runs = dict(attributed) if attributed is not None else training_runs(store)
         return list(self._runs)
 
     def is_training(self, before: str, after: str) -> bool:
@@ -253,7 +322,7 @@ class Analysis:
         """What ``after`` changed against ``before``: the tail's growth by stage, wait or
         compute (releases); the lost scaling efficiency by bottleneck (training runs)."""
         if self.is_training(before, after):
-            return diff_runs(self._store, before, after)
+            return diff_runs(self._span_store, before, after)
         return diff_releases(
             self._store,
             before,
@@ -280,7 +349,11 @@ class Analysis:
 
     def explain(self, trace_id: str) -> Explanation:
         """One trace (its id or a unique 8+ digit prefix): waterfall, critical path, stages."""
-        return explain_trace(self._store, trace_id)
+        if not self._attributed:
+            return explain_trace(self._store, trace_id)
+        assert self._pull_spans is not None
+        with self._pull_spans(trace_id.strip().lower()) as one:  # its spans alone
+            return explain_trace(one, trace_id)
 
     def gate(
         self,
@@ -307,7 +380,12 @@ class Analysis:
         s.check_budgets(training=training)
         if training:
             return gate_runs(
-                self._store, before, after, s.training_budgets, confidence=s.confidence, seed=seed
+                self._span_store,
+                before,
+                after,
+                s.training_budgets,
+                confidence=s.confidence,
+                seed=seed,
             )
         return self._run_gate(before, after, s, seed)
 
@@ -357,7 +435,7 @@ class Analysis:
         """Where training step time goes, per component and rank (docs/training.md)."""
         if warmup < 0:
             raise ConfigError(f"--warmup must be 0 or more, got {warmup}")
-        return steps_report(self._store, version, warmup=warmup)
+        return steps_report(self._span_store, version, warmup=warmup)
 
     # --- reports (HTML pages are drawn from these by tracekit.render.html) -------------
 
@@ -382,7 +460,7 @@ class Analysis:
         the autoscaling time line of both releases; two training runs: their diff."""
         s = self._gate_settings(budgets, config, confidence, None, service, route)
         if self.is_training(before, after):
-            return reports.training_report(self._store, before, after)
+            return reports.training_report(self._span_store, before, after)
         s.check_budgets(training=False)
         if gate is None:
             gate = self._run_gate(before, after, s, seed)
@@ -391,6 +469,7 @@ class Analysis:
             before,
             after,
             gate,
+            explain=self.explain,
             slo=parse_slo(slo) if isinstance(slo, str) else slo,
             window_s=window_s,
             jaeger_url=jaeger_url,
@@ -404,7 +483,9 @@ class Analysis:
         self, result: SlowFast, *, service: str | None = None, route: str | None = None
     ) -> Report:
         """The page of ``tracekit slow --html``: the gap per stage, the curve, exemplars."""
-        return reports.slow_report(self._store, result, service=service, route=route)
+        return reports.slow_report(
+            self._store, result, service=service, route=route, explain=self.explain
+        )
 
     def autoscale_report(self, result: AutoscaleResult) -> Report:
         """The page of ``tracekit autoscale --html``: the time line and recommendation."""

@@ -10,7 +10,7 @@ their part alone with the same page code; :mod:`tracekit.render.html` only reads
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tracekit.analysis.attribution.explain import Explanation, explain_trace
@@ -79,17 +79,26 @@ class Report:
         return ""
 
 
+Explain = Callable[[str], Explanation]
+"""A trace id → its explanation (the store's spans, or, on an attributed ClickHouse
+store, that one trace's spans pulled)."""
+
+
 def waterfalls(
-    store: Store, exemplars: Sequence[Exemplar], note: str
+    explain: Explain, exemplars: Sequence[Exemplar], note: str
 ) -> tuple[list[Waterfall], list[str]]:
     """Explain each exemplar trace; a trace that cannot be drawn becomes a note."""
     drawn, notes = [], []
     for ex in exemplars:
         try:
-            drawn.append(Waterfall(explain_trace(store, ex.trace_id), ex.url, note))
+            drawn.append(Waterfall(explain(ex.trace_id), ex.url, note))
         except QueryError as exc:
             notes.append(f"trace {ex.trace_id}: {exc}")
     return drawn, notes
+
+
+def _explainer(store: Store) -> Explain:
+    return lambda trace_id: explain_trace(store, trace_id)
 
 
 def release_report(
@@ -98,6 +107,7 @@ def release_report(
     after: str,
     gate: GateResult,
     *,
+    explain: Explain | None = None,
     slo: Slo | None = None,
     window_s: float = 30.0,
     jaeger_url: str | None = None,
@@ -122,7 +132,7 @@ def release_report(
     note = f"From the {after} tail (≥ {diff.tail.cohort})" + (
         f", most {primary} time first." if primary else ", slowest first."
     )
-    drawn, notes = waterfalls(store, diff.exemplars, note)
+    drawn, notes = waterfalls(explain or _explainer(store), diff.exemplars, note)
     report = Report(
         title=f"tracekit report: {before} → {after}",
         source=str(store.path),
@@ -166,11 +176,18 @@ def training_report(store: Store, before: str, after: str) -> Report:
 
 
 def slow_report(
-    store: Store, result: SlowFast, *, service: str | None, route: str | None
+    store: Store,
+    result: SlowFast,
+    *,
+    service: str | None,
+    route: str | None,
+    explain: Explain | None = None,
 ) -> Report:
     """``tracekit slow``'s part alone: the gap per stage, the curve, the exemplars."""
     drawn, notes = waterfalls(
-        store, result.exemplars, f"From the {result.label} slow cohort (≥ {result.cohort})."
+        explain or _explainer(store),
+        result.exemplars,
+        f"From the {result.label} slow cohort (≥ {result.cohort}).",
     )
     return Report(
         title=f"tracekit slow: {result.label}",

@@ -69,9 +69,10 @@ def emit(result: Any, fmt: str) -> None:
 
 @contextmanager
 def progress_bar(
-    label: str, *, enabled: bool | None = None
+    label: str, *, enabled: bool | None = None, counts: bool = False
 ) -> Iterator[Callable[[int, int], None]]:
-    """A transient bar on stderr fed by ``(done, total)`` bytes; a no-op off a terminal.
+    """A transient bar on stderr fed by ``(done, total)`` bytes (``counts``: items); a
+    no-op off a terminal.
 
     Long analysis calls take this callback (``progress=``): the analysis reports how far
     it is, the CLI decides how (or whether) to show it.
@@ -82,9 +83,17 @@ def progress_bar(
         yield lambda done, total: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-    columns = (TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn())
+    done_column = MofNCompleteColumn() if counts else DownloadColumn()
+    columns = (TextColumn(label), BarColumn(), done_column, TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=None)
 

@@ -5,7 +5,9 @@ ClickHouse window ``--since/--until``; :func:`open_analysis` opens the front doo
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from tracekit.commands._types import time_type
@@ -56,18 +58,21 @@ def store_input(args: argparse.Namespace) -> dict[str, str]:
     return {"--db": path} if path else {}
 
 
+@contextmanager
 def open_analysis(
     args: argparse.Namespace,
     *,
     releases: str | Sequence[str] | None = (),
     trace_prefix: str | None = None,
-) -> Analysis:
+) -> Iterator[Analysis]:
     """:meth:`Analysis.open` on ``--store`` with the command's selection: its
     ``releases``, ``--service``, ``--route``, ``--since/--until`` (ClickHouse pulls only
-    these)."""
+    these). What the answer's reader should know about its source (the attributed
+    tables' lag) goes to stderr after the command's work."""
     from tracekit.analysis.facade import Analysis
+    from tracekit.render.text import printable
 
-    return Analysis.open(
+    with Analysis.open(
         args.db,
         table=getattr(args, "table", "otel_traces"),
         since=getattr(args, "since", None),
@@ -76,4 +81,7 @@ def open_analysis(
         service=getattr(args, "service", None),
         route=getattr(args, "route", None),
         trace_prefix=trace_prefix,
-    )
+    ) as analysis:
+        yield analysis
+        for note in analysis.notes:
+            print(printable(f"note: {note}"), file=sys.stderr)

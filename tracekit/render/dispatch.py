@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import singledispatch
 from typing import Any
 
+from tracekit.analysis.attribute import AttributeReport
 from tracekit.analysis.attribution.explain import Explanation
 from tracekit.analysis.autoscale.audit import AutoscaleResult
 from tracekit.analysis.compare.diff import DiffResult
@@ -46,6 +47,7 @@ def _lazy(where: str) -> Callable[[Any], Table]:
 
 
 TABLES: dict[type, str] = {
+    AttributeReport: "tracekit.render.attribute:RENDERERS",
     DiffResult: "tracekit.render.diff:RENDERERS",
     Explanation: "tracekit.render.explain:RENDERERS",
     GateResult: "tracekit.render.gate:RENDERERS",

@@ -73,7 +73,7 @@ WITH req AS (
     SELECT trace_id, sample_weight AS w, duration_ns >= $threshold_ns AS slow,
            host_name, instance_id
     FROM requests
-    WHERE release = $release AND ($service IS NULL OR service_name = $service)
+    WHERE coalesce(release, '') = $release AND ($service IS NULL OR service_name = $service)
       AND ($route IS NULL OR route = $route OR name = $route)
       AND (duration_ns >= $threshold_ns OR hash(trace_id) % $buckets < $keep)
 )"""
@@ -82,11 +82,7 @@ _SQL = (
     _REQ_CTE
     + """,
 pairs AS (
-    SELECT DISTINCT s.trace_id, j.key AS attribute, j.value ->> '$' AS value
-    FROM spans s JOIN req r ON s.trace_id = r.trace_id, json_each(s.attributes) j
-    WHERE j.type IN ('VARCHAR', 'BOOLEAN', 'BIGINT', 'UBIGINT', 'DOUBLE')
-      AND NOT list_contains($skipped, j.key)
-      AND NOT regexp_matches(j.key, $skipped_pattern)
+    {span_pairs}
     UNION
     SELECT trace_id, $host_key, host_name FROM req WHERE host_name IS NOT NULL
     UNION
@@ -109,6 +105,25 @@ FROM tagged t SEMI JOIN narrow n ON t.attribute = n.attribute
 GROUP BY t.attribute, t.value
 """
 )
+
+SPAN_PAIRS = """
+    SELECT DISTINCT s.trace_id, j.key AS attribute, j.value ->> '$' AS value
+    FROM spans s JOIN req r ON s.trace_id = r.trace_id, json_each(s.attributes) j
+    WHERE j.type IN ('VARCHAR', 'BOOLEAN', 'BIGINT', 'UBIGINT', 'DOUBLE')
+      AND NOT list_contains($skipped, j.key)
+      AND NOT regexp_matches(j.key, $skipped_pattern)"""
+"""Each request's distinct rankable (attribute, value) pairs, from its spans. The same
+pairs written once per request (``tracekit attribute``'s ``request_attributes``) are read
+instead where a store has them and no span."""
+
+ATTRIBUTED_PAIRS = """
+    SELECT DISTINCT a.trace_id, a.attribute, a.value
+    FROM request_attributes a JOIN req r ON a.trace_id = r.trace_id
+    WHERE NOT list_contains($skipped, a.attribute)
+      AND NOT regexp_matches(a.attribute, $skipped_pattern)"""
+
+
+_IDS_SQL = _REQ_CTE + "\nSELECT trace_id FROM req ORDER BY trace_id"
 
 _TOTALS_SQL = (
     _REQ_CTE
@@ -135,6 +150,11 @@ class AttributeLift:
     slow_count: int
     """Slow traces (not weighted) with this value."""
     rest_count: int
+
+
+def pair_parameters() -> dict[str, object]:
+    """The parameters :data:`SPAN_PAIRS` needs beside ``req``'s."""
+    return {"skipped": list(SKIPPED_ATTRIBUTES), "skipped_pattern": SKIPPED_PATTERN}
 
 
 def rank_attributes(
@@ -165,12 +185,17 @@ def rank_attributes(
             return []
     slow_total, rest_total = float(totals[0]), float(totals[1])
     rest_traces, slow_traces = int(totals[2]), int(totals[3])
+    attributed = getattr(store, "attributed", False)
+    if attributed and store.load_pairs is not None:  # type: ignore[attr-defined]
+        # Only the requests ranked below leave the engine for their attribute pairs.
+        ids = [str(r[0]) for r in store.con.execute(_IDS_SQL, params).fetchall()]
+        store.load_pairs(ids)  # type: ignore[attr-defined]
+    pairs = ATTRIBUTED_PAIRS if attributed else SPAN_PAIRS
     rows = store.con.execute(
-        _SQL,
+        _SQL.replace("{span_pairs}", pairs),
         {
             **params,
-            "skipped": list(SKIPPED_ATTRIBUTES),
-            "skipped_pattern": SKIPPED_PATTERN,
+            **pair_parameters(),
             "host_key": cv.HOST_NAME,
             "instance_key": cv.SERVICE_INSTANCE_ID,
             "max_cardinality": MAX_CARDINALITY,

@@ -113,6 +113,15 @@ class ClickHouseSnapshot(Store):
         self.pulled_rows = 0
         self.pulled_bytes = 0
         self.pull_seconds = 0.0
+        self.attributed = False
+        """Read from tracekit's attributed tables (no span), not from the spans."""
+        self.notes: list[str] = []
+        """What the reader of any answer from this store should know (lag, fallback)."""
+        self.training_labels: dict[str, int] = {}
+        """Attributed stores: the training runs in the spans (their analysis needs spans)."""
+        self.load_pairs: Any = None
+        """Attributed stores: ``load_pairs(trace_ids)`` fetches those requests' attribute
+        pairs into ``request_attributes`` (BubbleUp asks for the ones it ranks)."""
 
 
 def _sql(name: str) -> str:
@@ -129,12 +138,16 @@ def qualified_table(url: StoreURL) -> str:
     return f"`{url.database}`.`{url.table}`"
 
 
-def spans_query(url: StoreURL, selection: Selection) -> str:
-    """The SELECT that reshapes the selected traces' spans (values left as parameters)."""
+def spans_query(url: StoreURL, selection: Selection, *, trace_filter: str | None = None) -> str:
+    """The SELECT that reshapes the selected traces' spans (values left as parameters).
+
+    ``trace_filter`` replaces the selection's own (``tracekit attribute`` selects traces
+    by their request span's end and a shard).
+    """
     table = qualified_table(url)
-    if selection.everything:
+    if trace_filter is None and selection.everything:
         trace_filter = "1"
-    else:
+    elif trace_filter is None:
         inner = _sql("clickhouse_select_traces.sql").replace("{table}", table)
         trace_filter = f"TraceId IN ({inner})"
     return (
@@ -242,26 +255,46 @@ def _run(client: Any, url: StoreURL, sql: str, params: dict[str, Any]) -> list[A
         raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
 
 
-def open_snapshot(url: StoreURL, selection: Selection | None = None) -> ClickHouseSnapshot:
-    """Pull the selected traces' spans out of ClickHouse into an in-memory DuckDB store."""
+def open_snapshot(
+    url: StoreURL,
+    selection: Selection | None = None,
+    *,
+    trace_filter: str | None = None,
+    params: dict[str, Any] | None = None,
+    client: Any = None,
+    checked: bool = False,
+) -> ClickHouseSnapshot:
+    """Pull the selected traces' spans out of ClickHouse into an in-memory DuckDB store.
+
+    ``trace_filter`` and its ``params`` replace the selection (see :func:`spans_query`);
+    a ``client`` given is used and left open; ``checked``: the table's shape is known good.
+    """
     from clickhouse_connect.driver.exceptions import Error as ClickHouseError
 
     selection = selection or Selection()
-    client = connect(url)
+    own = client is None
+    client = client or connect(url)
     t0 = time.perf_counter()
     con = duckdb.connect(":memory:")
     store = ClickHouseSnapshot(con, url)
     try:
-        check_table(client, url)
+        if not checked:
+            check_table(client, url)
         # The snapshot's `spans` is created from the first batch without the primary key:
         # rows arrive unique per (trace, span) (LIMIT 1 BY in ClickHouse), and keeping a
         # DuckDB index up to date costs more than the whole pull.
         select = ", ".join(
             f"CAST({c if c in _PULLED else 'NULL'} AS {SPAN_TYPES[c]}) AS {c}" for c in SPAN_COLUMNS
         )
-        params = {**selection.parameters(), "source": f"clickhouse:{url.database}.{url.table}"}
+        bound = {
+            **selection.parameters(),
+            **(params or {}),
+            "source": f"clickhouse:{url.database}.{url.table}",
+        }
         stream = client.query_arrow_stream(
-            spans_query(url, selection), parameters=params, settings=_QUERY_SETTINGS
+            spans_query(url, selection, trace_filter=trace_filter),
+            parameters=bound,
+            settings=_QUERY_SETTINGS,
         )
         with stream:
             for batch in stream:
@@ -285,7 +318,8 @@ def open_snapshot(url: StoreURL, selection: Selection | None = None) -> ClickHou
         store.close()
         raise
     finally:
-        client.close()
+        if own:
+            client.close()
     store.pull_seconds = time.perf_counter() - t0
     return store
 
