@@ -113,27 +113,6 @@ def test_what_was_asked_wrongly_is_one_error(analysis: Analysis, db: Path) -> No
         Analysis.open(db, since="2h")
 
 
-def test_a_chdb_store_is_attributed_once_at_open_and_answers_alike(
-    db: Path, tmp_path: Path
-) -> None:
-    pytest.importorskip("chdb")
-    from tracekit.analysis.facade import ingest
-
-    builder = TraceBuilder(service="ranker", version="v1", seed=2)
-    _serving(builder)
-    files = builder.write_jsonl(tmp_path / "serving.jsonl")
-    url = f"chdb://{tmp_path / 'ch'}"
-    assert ingest([files], store=url).report.skipped == 0
-    since = "2000-01-01T00:00Z"
-    with (
-        Analysis.open(url, releases=("v1", "v2"), since=since) as remote,
-        Analysis.open(db) as local,
-    ):
-        assert remote.diff("v1", "v2").latency == local.diff("v1", "v2").latency
-    with Analysis.open(url, releases="v1") as only_v1:
-        assert only_v1.releases() == ["v1"]
-
-
 def test_every_method_names_its_result_type() -> None:
     # What the renderers are dispatched on (tests/render/test_dispatch.py): the methods'
     # annotations, resolved, so a method returning an untyped value fails here.
@@ -159,9 +138,7 @@ def test_requests_without_a_release_label_are_summarised_not_refused(
     assert f"\n(no service.version): {summary.requests} requests" in render([summary], "table")
 
 
-def test_arguments_are_checked_before_the_store_is_read(
-    analysis: Analysis, db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_arguments_are_checked_before_the_store_is_read(analysis: Analysis) -> None:
     with pytest.raises(ConfigError, match="is for training runs"):
         analysis.gate("v1", "v2", budgets=["samples_per_s>=-10%"])  # two releases
     with pytest.raises(ConfigError, match="is for training runs"):
@@ -172,40 +149,3 @@ def test_arguments_are_checked_before_the_store_is_read(
     # `--config "${GATE_CONFIG:-}"` passes it).
     one = analysis.gate("v1", "v2", budgets="p99<=+10%", config="")
     assert [c.name for c in one.checks] == ["p99 <= +10%"]
-    # A ClickHouse selection is pulled when the first question needs it, after that
-    # question's arguments are checked: a typo costs no pull.
-    pytest.importorskip("chdb")
-    import tracekit.analysis.store.clickhouse as clickhouse
-    from tracekit.analysis.facade import ingest
-
-    builder = TraceBuilder(service="ranker", version="v1", seed=2)
-    _serving(builder)
-    url = f"chdb://{tmp_path / 'ch'}"
-    ingest([builder.write_jsonl(tmp_path / "s.jsonl")], store=url)
-    pulls: list[object] = []
-    real = clickhouse.open_snapshot
-
-    def counted(*args: object, **kwargs: object) -> object:
-        pulls.append(args)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(clickhouse, "open_snapshot", counted)
-    with Analysis.open(url) as remote:
-        with pytest.raises(ConfigError):
-            remote.gate("v1", "v2", budgets=["p99 <== 3"])
-        assert pulls == []
-        remote.summary()
-        remote.diff("v1", "v2")
-        assert len(pulls) == 1
-
-
-def test_a_clickhouse_selection_of_the_unlabelled_release(corpus_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("chdb")
-    from tracekit.analysis.facade import ingest
-
-    url = f"chdb://{tmp_path / 'ch'}"
-    ingest([corpus_dir], store=url)
-    # Selecting "" and a release that is not there pulls the unlabelled requests alone.
-    with Analysis.open(url, releases=("", "v9")) as analysis:
-        (summary,) = analysis.summary("")
-        assert summary.label == "" and summary.requests > 0

@@ -46,3 +46,15 @@ def table(clickhouse_url: str) -> Iterator[str]:
         client.command(f"DROP TABLE IF EXISTS `{url.database}`.`{name}`")
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine(clickhouse_url: str) -> Iterator[None]:
+    """A client held open for the module: chDB then keeps its engine up between the
+    commands' own connections, each of which would otherwise start it again (~0.2 s)."""
+    from tracekit.analysis.store.clickhouse import connect
+    from tracekit.analysis.store.url import parse_store_url
+
+    client = connect(parse_store_url(clickhouse_url))
+    yield
+    client.close()

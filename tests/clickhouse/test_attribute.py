@@ -96,15 +96,6 @@ def ingest(spans: Spans, *files: Path) -> None:
     assert rc == 0, err
 
 
-@pytest.fixture(scope="module", autouse=True)
-def engine(clickhouse_url: str) -> Iterator[None]:
-    """A client held open for the module: chDB then keeps its engine up between the
-    commands' own connections, each of which would otherwise start it again (~0.2 s)."""
-    client = connect(parse_store_url(clickhouse_url))
-    yield
-    client.close()
-
-
 @contextlib.contextmanager
 def spans_tables(clickhouse_url: str) -> Iterator[Callable[[], Spans]]:
     """Makes fresh spans tables; drops them and their attributed tables on leaving."""

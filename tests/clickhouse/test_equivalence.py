@@ -76,15 +76,6 @@ def build(path: Path, version: str, seed: int, miss: float) -> tuple[Path, str]:
     return b.write_jsonl(path / f"{version}.jsonl"), b.trace_ids()[7]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def engine(clickhouse_url: str) -> Iterator[None]:
-    """A client held open for the module: chDB then keeps its engine up between the
-    commands' own connections, each of which would otherwise start it again (~0.2 s)."""
-    client = connect(parse_store_url(clickhouse_url))
-    yield
-    client.close()
-
-
 @pytest.fixture(scope="module")
 def stores(
     tmp_path_factory: pytest.TempPathFactory, clickhouse_url: str

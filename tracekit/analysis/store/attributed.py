@@ -24,6 +24,7 @@ from tracekit.analysis.store import schema_sql
 from tracekit.analysis.store.clickhouse import (
     ClickHouseSnapshot,
     Selection,
+    closed_on_error,
     connect,
     first_line,
 )
@@ -295,43 +296,40 @@ def open_attributed(
     con = duckdb.connect(":memory:")
     store = ClickHouseSnapshot(con, url)
     try:
-        if not tables_present(client, url, names):
-            store.close()
-            return None
-        con.execute(schema_sql()).fetchall()
-        con.execute(
-            "CREATE TABLE request_attributes (trace_id VARCHAR, attribute VARCHAR, value VARCHAR)"
-        ).fetchall()
-        params = selection.parameters()
-        for table, sql in (("requests", _REQUESTS), ("request_stages", _STAGES)):
-            _pull_into(store, client, _query(sql, url, names), params, table)
-        behind = lag(client, url, names, selection)
-        store.attributed = True
-        store.training_labels = training_labels(client, url, selection)
+        with closed_on_error(store, url):
+            if not tables_present(client, url, names):
+                store.close()
+                return None
+            con.execute(schema_sql()).fetchall()
+            con.execute(
+                "CREATE TABLE request_attributes (trace_id VARCHAR, attribute VARCHAR, value VARCHAR)"
+            ).fetchall()
+            params = selection.parameters()
+            for table, sql in (("requests", _REQUESTS), ("request_stages", _STAGES)):
+                _pull_into(store, client, _query(sql, url, names), params, table)
+            behind = lag(client, url, names, selection)
+            store.attributed = True
+            store.training_labels = training_labels(client, url, selection)
 
-        def load_pairs(ids: list[str]) -> None:
-            pairs_client = connect(url)
-            try:
-                _pull_into(
-                    store,
-                    pairs_client,
-                    _query(_ATTRIBUTES, url, names),
-                    {"ids": ids},
-                    "request_attributes",
-                )
-            except (ClickHouseError, OSError) as exc:
-                raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
-            finally:
-                pairs_client.close()
+            def load_pairs(ids: list[str]) -> None:
+                pairs_client = connect(url)
+                try:
+                    _pull_into(
+                        store,
+                        pairs_client,
+                        _query(_ATTRIBUTES, url, names),
+                        {"ids": ids},
+                        "request_attributes",
+                    )
+                except (ClickHouseError, OSError) as exc:
+                    raise QueryError(
+                        f"ClickHouse store {url.display()}: {first_line(exc)}"
+                    ) from exc
+                finally:
+                    pairs_client.close()
 
-        store.load_pairs = load_pairs
-        store.notes.extend(lag_notes(behind, url))
-    except (ClickHouseError, OSError) as exc:
-        store.close()
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
-    except BaseException:
-        store.close()
-        raise
+            store.load_pairs = load_pairs
+            store.notes.extend(lag_notes(behind, url))
     finally:
         client.close()
     store.pull_seconds = time.perf_counter() - t0

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.resources
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,6 +257,21 @@ def _run(client: Any, url: StoreURL, sql: str, params: dict[str, Any]) -> list[A
         raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
 
 
+@contextmanager
+def closed_on_error(store: Store, url: StoreURL) -> Iterator[None]:
+    """Close ``store`` if the block fails; a driver error becomes one QueryError line."""
+    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
+
+    try:
+        yield
+    except (ClickHouseError, OSError) as exc:
+        store.close()
+        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
+    except BaseException:
+        store.close()
+        raise
+
+
 def open_snapshot(
     url: StoreURL,
     selection: Selection | None = None,
@@ -269,7 +286,6 @@ def open_snapshot(
     ``trace_filter`` and its ``params`` replace the selection (see :func:`spans_query`);
     a ``client`` given is used and left open; ``checked``: the table's shape is known good.
     """
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
 
     selection = selection or Selection()
     own = client is None
@@ -278,45 +294,41 @@ def open_snapshot(
     con = duckdb.connect(":memory:")
     store = ClickHouseSnapshot(con, url)
     try:
-        if not checked:
-            check_table(client, url)
-        # The snapshot's `spans` is created from the first batch without the primary key:
-        # rows arrive unique per (trace, span) (LIMIT 1 BY in ClickHouse), and keeping a
-        # DuckDB index up to date costs more than the whole pull.
-        select = ", ".join(
-            f"CAST({c if c in _PULLED else 'NULL'} AS {SPAN_TYPES[c]}) AS {c}" for c in SPAN_COLUMNS
-        )
-        bound = {
-            **selection.parameters(),
-            **(params or {}),
-            "source": f"clickhouse:{url.database}.{url.table}",
-        }
-        stream = client.query_arrow_stream(
-            spans_query(url, selection, trace_filter=trace_filter),
-            parameters=bound,
-            settings=_QUERY_SETTINGS,
-        )
-        with stream:
-            for batch in stream:
-                store.pulled_rows += batch.num_rows
-                store.pulled_bytes += batch.nbytes
-                con.register("tk_pull", batch)
-                try:
-                    into = (
-                        "INSERT INTO spans"
-                        if store.pulled_rows > batch.num_rows
-                        else ("CREATE TABLE spans AS")
-                    )
-                    con.execute(f"{into} SELECT {select} FROM tk_pull").fetchall()
-                finally:
-                    con.unregister("tk_pull")
-        con.execute(schema_sql()).fetchall()
-    except (ClickHouseError, OSError) as exc:
-        store.close()
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
-    except BaseException:
-        store.close()
-        raise
+        with closed_on_error(store, url):
+            if not checked:
+                check_table(client, url)
+            # The snapshot's `spans` is created from the first batch without the primary key:
+            # rows arrive unique per (trace, span) (LIMIT 1 BY in ClickHouse), and keeping a
+            # DuckDB index up to date costs more than the whole pull.
+            select = ", ".join(
+                f"CAST({c if c in _PULLED else 'NULL'} AS {SPAN_TYPES[c]}) AS {c}"
+                for c in SPAN_COLUMNS
+            )
+            bound = {
+                **selection.parameters(),
+                **(params or {}),
+                "source": f"clickhouse:{url.database}.{url.table}",
+            }
+            stream = client.query_arrow_stream(
+                spans_query(url, selection, trace_filter=trace_filter),
+                parameters=bound,
+                settings=_QUERY_SETTINGS,
+            )
+            with stream:
+                for batch in stream:
+                    store.pulled_rows += batch.num_rows
+                    store.pulled_bytes += batch.nbytes
+                    con.register("tk_pull", batch)
+                    try:
+                        into = (
+                            "INSERT INTO spans"
+                            if store.pulled_rows > batch.num_rows
+                            else ("CREATE TABLE spans AS")
+                        )
+                        con.execute(f"{into} SELECT {select} FROM tk_pull").fetchall()
+                    finally:
+                        con.unregister("tk_pull")
+            con.execute(schema_sql()).fetchall()
     finally:
         if own:
             client.close()
