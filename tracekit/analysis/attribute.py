@@ -120,20 +120,21 @@ _WINDOW = (
     + str(MAX_REQUEST_NS)
     + ", 0)) AND Timestamp < fromUnixTimestamp64Nano({hi:Int64})"
 )
-_ROOTS = f"""
-SELECT TraceId FROM {{table}}
-WHERE {_ROOT} AND {_WINDOW} AND {_END} >= {{lo:Int64}} AND {_END} < {{hi:Int64}}
-  AND cityHash64(TraceId) % {{n:UInt64}} = {{k:UInt64}}
-"""
+_ENDED_IN = f"""{_ROOT} AND {_WINDOW} AND {_END} >= {{lo:Int64}} AND {_END} < {{hi:Int64}}
+  AND cityHash64(TraceId) % {{n:UInt64}} = {{k:UInt64}}"""
+"""A request span of the shard that ended in ``[lo, hi)``."""
 
 _SLICES = f"""
 SELECT intDiv({_END}, 1000000000) AS second, uniqExact(TraceId) AS requests,
        min(toUnixTimestamp64Nano(Timestamp)) AS first_start, max({_END}) AS last_end
-FROM {{table}}
-WHERE {_ROOT} AND {_WINDOW} AND {_END} >= {{lo:Int64}} AND {_END} < {{hi:Int64}}
-  AND cityHash64(TraceId) % {{n:UInt64}} = {{k:UInt64}}
+FROM {{table}} WHERE {_ENDED_IN}
 GROUP BY second ORDER BY second
 """
+
+_SLICE_ROOTS = "SELECT TraceId FROM {table} WHERE " + _ENDED_IN.replace(
+    "{lo:Int64}", "{slo:Int64}"
+).replace("{hi:Int64}", "{shi:Int64}")
+"""The traces of one slice: requests that ended in ``[slo, shi)``."""
 
 _ROOTLESS = f"""
 SELECT count() FROM (
@@ -152,24 +153,24 @@ WHERE TraceId NOT IN (SELECT TraceId FROM {{table}} WHERE {_ROOT}
 # The slice's traces that need attributing: never attributed, or attributed when fewer
 # of their spans were in the table than are now (late spans). Spans are counted in the
 # same time bounds the pull uses, so a trace seen whole is never attributed twice.
-_TODO = f"""
+_PENDING = f"""
 SELECT c.TraceId FROM (
     SELECT TraceId, uniqExact(SpanId) AS seen FROM {{table}}
-    WHERE TraceId IN ({_ROOTS.replace("{lo:Int64}", "{slo:Int64}").replace("{hi:Int64}", "{shi:Int64}")})
+    WHERE TraceId IN ({_SLICE_ROOTS})
       AND Timestamp >= fromUnixTimestamp64Nano({{ts_lo:Int64}})
       AND Timestamp < fromUnixTimestamp64Nano({{ts_hi:Int64}})
     GROUP BY TraceId
 ) AS c
 LEFT JOIN (
     SELECT TraceId, SpansSeen FROM {{requests}} FINAL
-    WHERE TraceId IN ({_ROOTS.replace("{lo:Int64}", "{slo:Int64}").replace("{hi:Int64}", "{shi:Int64}")})
+    WHERE TraceId IN ({_SLICE_ROOTS})
 ) AS a ON a.TraceId = c.TraceId
 WHERE a.TraceId = '' OR a.SpansSeen != c.seen
 """
 
 _GROWN = (
     "SELECT count() FROM ("
-    + _TODO.replace("SELECT c.TraceId FROM", "SELECT a.TraceId AS before FROM", 1)
+    + _PENDING.replace("SELECT c.TraceId FROM", "SELECT a.TraceId AS before FROM", 1)
     + ") WHERE before != ''"
 )
 """Of the slice's traces to attribute, those attributed before: their spans grew."""
@@ -261,7 +262,7 @@ def _run_window(
     total = sum(s[4] for s in slices)
     done = 0
     requests = f"`{url.database}`.`{names.requests}`"
-    todo_sql = _TODO.replace("{table}", table).replace("{requests}", requests)
+    pending_sql = _PENDING.replace("{table}", table).replace("{requests}", requests)
     for s_lo, s_hi, first_start, last_end, count in slices:
         params = {
             **base,
@@ -271,7 +272,7 @@ def _run_window(
             "ts_hi": last_end + SLACK_NS,
         }
         trace_filter = (
-            f"TraceId IN ({todo_sql}) "
+            f"TraceId IN ({pending_sql}) "
             "AND Timestamp >= fromUnixTimestamp64Nano({ts_lo:Int64}) "
             "AND Timestamp < fromUnixTimestamp64Nano({ts_hi:Int64})"
         )
@@ -316,29 +317,15 @@ def _attribute_slice(
     report.orphans += max(0, traces - done.requests - done.batch_traces)
     if not done.requests:
         return
-    at = pa.scalar(now, type=pa.timestamp("ns"))
-    seen = con.sql(
-        "SELECT r.trace_id, count(*) FROM requests r JOIN spans s USING (trace_id) GROUP BY 1"
-    ).to_arrow_table()
-    seen_by = dict(zip(seen.column(0).to_pylist(), seen.column(1).to_pylist(), strict=True))
-    requests = con.sql(_REQUESTS_OUT).to_arrow_table()
-    spans_seen = pa.array([seen_by[t] for t in requests.column("TraceId").to_pylist()], pa.uint32())
-    requests = requests.append_column("SpansSeen", spans_seen)
-    requests = requests.append_column(
-        "AttributedAt", pa.array([at.value] * len(requests), pa.timestamp("ns"))
-    )
-    stages = con.sql(_STAGES_OUT).to_arrow_table()
-    stages = stages.append_column(
-        "AttributedAt", pa.array([at.value] * len(stages), pa.timestamp("ns"))
-    )
+    stamp = {"now": now}
+    requests = con.sql(_REQUESTS_OUT, params=stamp).to_arrow_table()
+    stages = con.sql(_STAGES_OUT, params=stamp).to_arrow_table()
     pairs = con.sql(
         "WITH req AS (SELECT trace_id FROM requests) "
-        f"SELECT trace_id AS TraceId, attribute AS Attribute, value AS Value FROM ({SPAN_PAIRS})",
-        params=pair_parameters(),
+        "SELECT trace_id AS TraceId, attribute AS Attribute, value AS Value, "
+        f"make_timestamp_ns($now) AS AttributedAt FROM ({SPAN_PAIRS})",
+        params={**pair_parameters(), **stamp},
     ).to_arrow_table()
-    pairs = pairs.append_column(
-        "AttributedAt", pa.array([at.value] * len(pairs), pa.timestamp("ns"))
-    )
     _insert(client, url, names.requests, requests)
     _insert(client, url, names.stages, stages)
     _insert(client, url, names.attributes, pairs)
@@ -353,14 +340,17 @@ SELECT trace_id AS TraceId, root_span_id AS RootSpanId,
        start_ns AS StartNs, duration_ns AS DurationNs, is_error AS IsError,
        sample_weight AS SampleWeight, inflight AS Inflight, queue_depth AS QueueDepth,
        cpu_utilization AS CpuUtilization, gpu_utilization AS GpuUtilization,
-       span_count::UINTEGER AS SpanCount, skewed_spans::UINTEGER AS SkewedSpans
-FROM requests ORDER BY trace_id
+       span_count::UINTEGER AS SpanCount, skewed_spans::UINTEGER AS SkewedSpans,
+       (SELECT count(*) FROM spans s WHERE s.trace_id = r.trace_id)::UINTEGER AS SpansSeen,
+       make_timestamp_ns($now) AS AttributedAt
+FROM requests r
 """
 
 _STAGES_OUT = """
 SELECT trace_id AS TraceId, stage AS Stage, time_kind AS TimeKind, critical_ns AS CriticalNs,
-       wall_ns AS WallNs, cpu_time_ns AS CpuTimeNs, gpu_time_ns AS GpuTimeNs
-FROM request_stages ORDER BY trace_id, stage
+       wall_ns AS WallNs, cpu_time_ns AS CpuTimeNs, gpu_time_ns AS GpuTimeNs,
+       make_timestamp_ns($now) AS AttributedAt
+FROM request_stages
 """
 
 

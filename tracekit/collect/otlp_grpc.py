@@ -3,7 +3,7 @@
 The service name and the response message are opentelemetry-proto's generated ones; the
 request arrives as bytes (no deserializer) so that it is decoded by
 :mod:`tracekit.collect.decode` with every limit applied while decoding, exactly as an
-OTLP/HTTP protobuf body is — a generated stub would parse the whole message first. gzip
+OTLP/HTTP protobuf body is — generated service code would parse the whole message first. gzip
 (``grpc-encoding: gzip``) is undone by grpcio, bounded by the same body limit
 (``grpc.max_receive_message_length`` counts decompressed bytes).
 
