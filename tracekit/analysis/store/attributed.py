@@ -27,6 +27,7 @@ from tracekit.analysis.store.clickhouse import (
     closed_on_error,
     connect,
     first_line,
+    selected_traces_filter,
 )
 from tracekit.analysis.store.url import StoreURL, check_identifier
 from tracekit.errors import QueryError
@@ -270,13 +271,7 @@ def lag(client: Any, url: StoreURL, names: AttributedNames, selection: Selection
         f"SELECT count() FROM `{url.database}`.`{url.table}` "
         "WHERE ParentSpanId IN ('', '0000000000000000') "
         "AND toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) >= {upto:Int64} "
-        "AND Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64}) "
-        "AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64}) "
-        "AND (empty({releases:Array(String)}) "
-        "     OR has({releases:Array(String)}, ResourceAttributes['service.version'])) "
-        "AND ({service:String} = '' OR ServiceName = {service:String}) "
-        "AND ({route:String} = '' OR SpanAttributes['http.route'] = {route:String} "
-        "     OR SpanName = {route:String})",
+        f"AND {selected_traces_filter(url, selection)}",
         params,
     )
     return Lag(upto, int(rows[0][0]) if rows else 0)

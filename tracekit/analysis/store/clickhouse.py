@@ -147,11 +147,8 @@ def spans_query(url: StoreURL, selection: Selection, *, trace_filter: str | None
     by their request span's end and a shard).
     """
     table = qualified_table(url)
-    if trace_filter is None and selection.everything:
-        trace_filter = "1"
-    elif trace_filter is None:
-        inner = _sql("clickhouse_select_traces.sql").replace("{table}", table)
-        trace_filter = f"TraceId IN ({inner})"
+    if trace_filter is None:
+        trace_filter = selected_traces_filter(url, selection)
     return (
         _sql("clickhouse_select_spans.sql")
         .replace("{span_attributes_json}", _map_json("SpanAttributes"))
@@ -160,6 +157,15 @@ def spans_query(url: StoreURL, selection: Selection, *, trace_filter: str | None
         .replace("{trace_filter}", trace_filter)
         .replace("{table}", table)
     )
+
+
+def selected_traces_filter(url: StoreURL, selection: Selection) -> str:
+    """``TraceId IN (…)`` of the traces ``selection`` reads (``1`` for everything); its
+    values are bound parameters (:meth:`Selection.parameters`)."""
+    if selection.everything:
+        return "1"
+    inner = _sql("clickhouse_select_traces.sql").replace("{table}", qualified_table(url))
+    return f"TraceId IN ({inner})"
 
 
 def traces_table_ddl(database: str, table: str) -> str:
