@@ -33,7 +33,6 @@ from tracekit.analysis.cohorts.bubbleup import SPAN_PAIRS, pair_parameters
 from tracekit.analysis.store.attributed import (
     AttributedNames,
     create_tables,
-    run,
     set_watermark,
     watermarks,
 )
@@ -41,7 +40,9 @@ from tracekit.analysis.store.clickhouse import (
     ClickHouseSnapshot,
     check_table,
     connect,
+    driver_errors,
     open_snapshot,
+    run,
 )
 from tracekit.analysis.store.url import StoreURL
 from tracekit.errors import ConfigError
@@ -355,20 +356,10 @@ FROM request_stages
 
 
 def _insert(client: Any, url: StoreURL, table: str, rows: pa.Table) -> None:
-    if not len(rows):
-        return
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
-
-    try:
-        client.insert_arrow(table, rows, database=url.database)
-    except (ClickHouseError, OSError) as exc:
-        from tracekit.analysis.store.clickhouse import first_line
-        from tracekit.errors import QueryError
-
-        raise QueryError(
-            f"cannot write {url.database}.{table} in {url.display()}: {first_line(exc)} "
-            "(tracekit attribute needs CREATE TABLE and INSERT on its own tables)"
-        ) from exc
+    if len(rows):
+        # "cannot write db.t in URL: …": attribute needs CREATE TABLE and INSERT on its tables.
+        with driver_errors(url, f"cannot write {url.database}.{table} (CREATE/INSERT) in"):
+            client.insert_arrow(table, rows, database=url.database)
 
 
 def follow(

@@ -25,12 +25,13 @@ from tracekit.analysis.store.clickhouse import (
     ClickHouseSnapshot,
     Selection,
     closed_on_error,
+    command,
     connect,
-    first_line,
+    driver_errors,
+    run,
     selected_traces_filter,
 )
 from tracekit.analysis.store.url import StoreURL, check_identifier
-from tracekit.errors import QueryError
 
 
 @dataclass(frozen=True)
@@ -119,25 +120,6 @@ def ddl(url: StoreURL, names: AttributedNames, *, cluster: str | None = None) ->
             text = text.replace(key, value)
         out.append(text)
     return out
-
-
-def run(client: Any, url: StoreURL, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
-    """``sql``'s rows; a driver error is one :class:`QueryError` line naming the store."""
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
-
-    try:
-        return list(client.query(sql, parameters=params or {}).result_rows)
-    except (ClickHouseError, OSError) as exc:
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
-
-
-def command(client: Any, url: StoreURL, sql: str, params: dict[str, Any] | None = None) -> None:
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
-
-    try:
-        client.command(sql, parameters=params or {})
-    except (ClickHouseError, OSError) as exc:
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
 
 
 def create_tables(
@@ -283,7 +265,6 @@ def open_attributed(
     """The selected requests' attributed rows in an in-memory DuckDB store (``requests``,
     ``request_stages``, ``request_attributes``; ``spans`` empty), or None when ``url``'s
     database has no attributed tables. ``notes`` on the store say how far they lag."""
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
 
     names = names or AttributedNames.for_table(url.table)
     client = connect(url)
@@ -309,17 +290,14 @@ def open_attributed(
             def load_pairs(ids: list[str]) -> None:
                 pairs_client = connect(url)
                 try:
-                    _pull_into(
-                        store,
-                        pairs_client,
-                        _query(_ATTRIBUTES, url, names),
-                        {"ids": ids},
-                        "request_attributes",
-                    )
-                except (ClickHouseError, OSError) as exc:
-                    raise QueryError(
-                        f"ClickHouse store {url.display()}: {first_line(exc)}"
-                    ) from exc
+                    with driver_errors(url):
+                        _pull_into(
+                            store,
+                            pairs_client,
+                            _query(_ATTRIBUTES, url, names),
+                            {"ids": ids},
+                            "request_attributes",
+                        )
                 finally:
                     pairs_client.close()
 

@@ -218,14 +218,14 @@ def first_line(exc: BaseException) -> str:
 
 def check_table(client: Any, url: StoreURL) -> None:
     """Raise a one-line error unless the table has the exporter's columns and types."""
-    rows = _run(
+    rows = run(
         client,
         url,
         "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}",
         {"db": url.database, "t": url.table},
     )
     if not rows:
-        present = _run(
+        present = run(
             client,
             url,
             "SELECT name FROM system.tables WHERE database = {db:String} ORDER BY name LIMIT 20",
@@ -254,25 +254,36 @@ def check_table(client: Any, url: StoreURL) -> None:
         )
 
 
-def _run(client: Any, url: StoreURL, sql: str, params: dict[str, Any]) -> list[Any]:
-    from clickhouse_connect.driver.exceptions import Error as ClickHouseError
-
-    try:
-        return list(client.query(sql, parameters=params).result_rows)
-    except (ClickHouseError, OSError) as exc:
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
-
-
 @contextmanager
-def closed_on_error(store: Store, url: StoreURL) -> Iterator[None]:
-    """Close ``store`` if the block fails; a driver error becomes one QueryError line."""
+def driver_errors(url: StoreURL, doing: str = "ClickHouse store") -> Iterator[None]:
+    """A driver or socket error in the block becomes one :class:`QueryError` line:
+    ``{doing} {url}: {first line of the error}``."""
     from clickhouse_connect.driver.exceptions import Error as ClickHouseError
 
     try:
         yield
     except (ClickHouseError, OSError) as exc:
-        store.close()
-        raise QueryError(f"ClickHouse store {url.display()}: {first_line(exc)}") from exc
+        raise QueryError(f"{doing} {url.display()}: {first_line(exc)}") from exc
+
+
+def run(client: Any, url: StoreURL, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+    """``sql``'s rows; a driver error is one :class:`QueryError` line naming the store."""
+    with driver_errors(url):
+        return list(client.query(sql, parameters=params or {}).result_rows)
+
+
+def command(client: Any, url: StoreURL, sql: str, params: dict[str, Any] | None = None) -> None:
+    """Run a statement that returns nothing (DDL, INSERT … VALUES)."""
+    with driver_errors(url):
+        client.command(sql, parameters=params or {})
+
+
+@contextmanager
+def closed_on_error(store: Store, url: StoreURL) -> Iterator[None]:
+    """Close ``store`` if the block fails; a driver error becomes one QueryError line."""
+    try:
+        with driver_errors(url):
+            yield
     except BaseException:
         store.close()
         raise
