@@ -34,6 +34,14 @@ def check_outputs(outputs: Paths, inputs: Paths | None = None) -> None:
     given = [(opt, path) for opt, path in outputs.items() if path is not None]
     read = [(opt, path) for opt, path in (inputs or {}).items() if path is not None]
     for i, (option, path) in enumerate(given):
+        for other, other_path in read:
+            # A directory input (a chDB store) holds files no output may replace.
+            if Path(other_path).is_dir() and _within(path, other_path):
+                role = "the store" if other == "--db" else f"the input {other}"
+                raise ConfigError(
+                    f"{option} {path} is inside {role} {other_path}; writing there would "
+                    f"damage it: give {option} a path outside it"
+                )
         _check_destination(option, path)
         for other, other_path in read + given[:i]:
             if _same_file(path, other_path):
@@ -126,6 +134,12 @@ def _check_destination(option: str, path: str | Path) -> None:
         )
     if not parent.is_dir():
         raise ConfigError(f"{option} {path}: {parent} is not a directory; give another path")
+
+
+def _within(path: str | Path, directory: str | Path) -> bool:
+    """``path`` is ``directory`` or lies under it, once both are resolved."""
+    inner, outer = Path(path).resolve(), Path(directory).resolve()
+    return inner == outer or outer in inner.parents
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

@@ -71,3 +71,26 @@ def test_the_unlabelled_release_can_be_selected(
     with Analysis.open(clickhouse_url, table=table, releases=("", "v9")) as analysis:
         (summary,) = analysis.summary("")
         assert summary.label == "" and summary.requests > 0
+
+
+def test_an_output_inside_a_chdb_store_is_refused(
+    clickhouse_url: str, table: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A chDB store is a directory of the engine's own files: `-o` onto one of them
+    # (or anywhere under it) would damage the store, so it is refused before any work.
+    from tracekit.cli import main
+
+    if not clickhouse_url.startswith("chdb://"):
+        pytest.skip("a ClickHouse server's files are not on this machine")
+    ingest([_files(tmp_path)], store=clickhouse_url, table=table)
+    store_dir = Path(clickhouse_url.removeprefix("chdb://"))
+    engine_file = next(p for p in store_dir.rglob("*.sql") if p.is_file())
+    before = engine_file.read_bytes()
+    for target in (engine_file, store_dir / "report.html", store_dir):
+        capsys.readouterr()
+        argv = ["report", "--before", "v1", "--after", "v2", "--store", clickhouse_url]
+        assert main([*argv, "--table", table, "-o", str(target)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "inside the store" in err and err.count("\n") == 0, err
+    assert engine_file.read_bytes() == before
+    assert not (store_dir / "report.html").exists()

@@ -21,7 +21,7 @@ def render_table(r: AttributeReport) -> str:
     """``attribute 0/2: 1,328 requests (12,094 spans, 251k spans/s) …``"""
     parts = [
         f"attribute {r.shard}: {r.requests:,} requests written ({r.spans:,} spans, "
-        f"{r.spans_per_s / 1e3:,.0f}k spans/s, {r.slices} slices, {r.seconds:.1f} s)"
+        f"{r.spans_per_s:,.0f} spans/s, {r.slices} slices, {r.seconds:.1f} s)"
     ]
     if r.reattributed:
         parts.append(f"{r.reattributed:,} re-attributed (late spans)")
