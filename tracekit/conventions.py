@@ -190,6 +190,16 @@ COMM_ASYNC: Final = "tracekit.comm.async"
 bucket); only its part after the stage's last launch can be exposed."""
 COMM_BACKEND: Final = "tracekit.comm.backend"
 """Communication span: ``nccl``, ``gloo``…; says whether the span is device or host time."""
+COMM_GROUP_SIZE: Final = "tracekit.comm.group_size"
+"""Communication span: ranks in the collective's process group (the ``n`` of the bus
+bandwidth factors)."""
+COMM_GROUP_DESC: Final = "tracekit.comm.group_desc"
+"""Communication span: the process group's description where one was given
+(``torch.distributed.new_group(group_desc=...)``, Kineto's ``Process Group
+Description``): ``default_pg``, ``dp``, ``tp``, ``fsdp_shard``…"""
+LINK_GBPS: Final = "tracekit.link.gbps"
+"""Resource: the peak rate of the rank's network link in Gb/s, as links are sold
+(``OTEL_RESOURCE_ATTRIBUTES=tracekit.link.gbps=400``); ``--link-gbps`` overrides it."""
 
 STEP_SPAN_NAME: Final = "train_step"
 """Name of the root span of one training step on one rank."""
