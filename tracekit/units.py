@@ -116,3 +116,25 @@ def parse_time_ns(value: object, *, what: str = "--since/--until") -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1_000
+
+
+_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:g|gb/s|gbit/s|gbps|gbit)?\s*", re.IGNORECASE)
+
+
+def parse_link_gbps(value: object, *, what: str = "--link-gbps") -> float:
+    """A network link's rate in Gb/s, as links are sold: ``400``, ``400Gb/s``, ``100G``.
+
+    Gigabits, not gigabytes: a 400 Gb/s link moves at most 50 GB/s.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        rate = float(value)
+    else:
+        m = _RATE.fullmatch(str(value))
+        if m is None:
+            raise ConfigError(
+                f"{what} {value!r}: expected a link rate in Gb/s (e.g. 400, 400Gb/s or 100G)"
+            )
+        rate = float(m.group(1))
+    if not math.isfinite(rate) or rate <= 0:
+        raise ConfigError(f"{what} {value!r}: a link rate must be above 0 Gb/s")
+    return rate

@@ -76,7 +76,7 @@ def test_the_injected_problem_is_named(store: Store, problem: str) -> None:
     # every collective number appears once on each rank
     per_seq = Counter(seq for seq, _ in seqs)
     assert per_seq and set(per_seq.values()) == {2}
-    assert run.collectives == len(per_seq)
+    assert run.matched_collectives == len(per_seq)
     # critical-path components add up to the step time
     assert sum(c.mean_ms for c in run.components) == pytest.approx(run.step_ms_mean, rel=1e-6)
     assert d.verdict.bottleneck == TRAINING_REGRESSIONS[problem].expected, d.verdict.summary

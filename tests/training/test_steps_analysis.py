@@ -33,7 +33,7 @@ def test_components_add_up_to_the_step_time_and_ranks_are_learned(tmp_path):
     assert total == pytest.approx(run.step_ms_mean, rel=1e-9)
     # the mid-backward bucket overlaps compute; the last one is exposed
     assert 0 < run.overlap_pct < 100
-    assert run.collectives == 2 * 12
+    assert run.matched_collectives == 2 * 12
     assert run.clock_offset_ms == 0 and not run.flags
 
 

@@ -318,11 +318,14 @@ class Analysis:
         confidence: float = DEFAULT_CONFIDENCE,
         jaeger_url: str | None = None,
         seed: int = 0,
+        link_gbps: float | str | None = None,
     ) -> DiffResult | TrainingDiff:
         """What ``after`` changed against ``before``: the tail's growth by stage, wait or
-        compute (releases); the lost scaling efficiency by bottleneck (training runs)."""
+        compute (releases); the lost scaling efficiency by bottleneck (training runs;
+        ``link_gbps``: the inter-node link's rate in Gb/s, for the bandwidth's share)."""
+        link = None if link_gbps is None else units.parse_link_gbps(link_gbps)
         if self.is_training(before, after):
-            return diff_runs(self._span_store, before, after)
+            return diff_runs(self._span_store, before, after, link_gbps=link)
         return diff_releases(
             self._store,
             before,
@@ -431,11 +434,15 @@ class Analysis:
             service=service,
         )
 
-    def steps(self, version: str | None = None, *, warmup: int = 1) -> StepsResult:
-        """Where training step time goes, per component and rank (docs/training.md)."""
+    def steps(
+        self, version: str | None = None, *, warmup: int = 1, link_gbps: float | str | None = None
+    ) -> StepsResult:
+        """Where training step time goes, per component and rank, with each collective's
+        bus bandwidth (``link_gbps``: the inter-node link's rate in Gb/s; docs/training.md)."""
         if warmup < 0:
             raise ConfigError(f"--warmup must be 0 or more, got {warmup}")
-        return steps_report(self._span_store, version, warmup=warmup)
+        link = None if link_gbps is None else units.parse_link_gbps(link_gbps)
+        return steps_report(self._span_store, version, warmup=warmup, link_gbps=link)
 
     # --- reports (HTML pages are drawn from these by tracekit.render.html) -------------
 

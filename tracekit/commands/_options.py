@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from tracekit.commands._types import confidence_type, http_url_type
+from tracekit.commands._types import confidence_type, http_url_type, link_gbps_type
 from tracekit.render import FORMATS
 
 
@@ -76,4 +76,17 @@ def add_format(parser: argparse.ArgumentParser) -> None:
         choices=FORMATS,
         default="table",
         help="table for people, json for scripts (schema in docs/json.md), markdown for PRs",
+    )
+
+
+def add_link_gbps(parser: argparse.ArgumentParser) -> None:
+    """``--link-gbps``: the network link's peak, for the share of it collectives reach."""
+    parser.add_argument(
+        "--link-gbps",
+        type=link_gbps_type,
+        default=None,
+        metavar="GBPS",
+        help="training: the inter-node link's rate in Gb/s as sold (400 for 400G "
+        "InfiniBand); collectives' bus bandwidth is shown as a share of it (default: the "
+        "tracekit.link.gbps resource attribute, if the run set one)",
     )

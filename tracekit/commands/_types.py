@@ -50,6 +50,12 @@ time_type: Callable[[str], int] = _converter(units.parse_time_ns, "time")
 """``2h`` (back from now) or ``2026-01-01T10:00Z`` → Unix nanoseconds."""
 
 
+link_gbps_type: Callable[[str], float] = _converter(
+    lambda t: units.parse_link_gbps(t, what=""), "link rate"
+)
+"""``400``, ``400Gb/s`` or ``100G`` → Gb/s (a positive number)."""
+
+
 def slo_type(text: str) -> Any:
     """``p95<200ms`` → :class:`~tracekit.analysis.facade.Slo`."""
     from tracekit.analysis.facade import parse_slo

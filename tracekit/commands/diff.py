@@ -11,6 +11,7 @@ from tracekit.commands._options import (
     add_filters,
     add_format,
     add_jaeger_url,
+    add_link_gbps,
     add_releases,
 )
 from tracekit.commands._store import add_store, open_analysis
@@ -18,10 +19,13 @@ from tracekit.commands._store import add_store, open_analysis
 DESCRIPTION = """\
 Compare two releases: tail quantiles with bootstrap intervals, the stage that explains
 the tail growth (counterfactual), wait vs compute vs hidden wait, attribute values
-over-represented in slow traces, and exemplar traces.
+over-represented in slow traces, and exemplar traces. Two training runs: scaling
+efficiency and what ate it (data loading, communication with its bus bandwidth, a
+straggler rank, or compute).
 
 Example:
   tracekit diff --before v1 --after v2 --jaeger-url http://localhost:16686
+  tracekit diff --before 8gpu --after 64gpu --link-gbps 400
   tracekit diff --before v1 --after v2 --format json > diff.json
 """
 
@@ -37,6 +41,7 @@ def register(sub: Any) -> None:
     add_filters(parser)
     add_jaeger_url(parser)
     add_confidence(parser)
+    add_link_gbps(parser)
     add_format(parser)
     add_store(parser)
     parser.set_defaults(handler=run)
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             route=args.route,
             confidence=args.confidence,
             jaeger_url=args.jaeger_url,
+            link_gbps=args.link_gbps,
         )
     emit(result, args.format)
     return 0

@@ -6,19 +6,21 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import add_format, add_version
+from tracekit.commands._options import add_format, add_link_gbps, add_version
 from tracekit.commands._store import add_store, open_analysis
 
 DESCRIPTION = """\
 Break each training run's step time into data_wait, forward, backward, optimizer,
 compute imbalance, exposed communication (peer wait vs transfer) and unattributed time,
-with step-time quantiles, samples/s, communication overlap, a per-rank table and the
-ranks that arrived last at collectives (stragglers). A run is a service.version of
-processes instrumented with tracekit.train_steps.
+with step-time quantiles, samples/s, communication overlap, a per-rank table, the
+ranks that arrived last at collectives (stragglers), each collective's bus bandwidth
+(GB/s, as nccl-tests) and communication per process group. A run is a service.version
+of processes instrumented with tracekit.train_steps, or of PyTorch profiler files.
 
 Example:
   tracekit ingest runs/64gpu/            # one file per rank
   tracekit steps --version 64gpu
+  tracekit steps --version 64gpu --link-gbps 400   # bus bandwidth as a share of 400G
   tracekit steps --format json > steps.json
 """
 
@@ -38,6 +40,7 @@ def register(sub: Any) -> None:
         metavar="N",
         help="leading steps to leave out (DDP builds its buckets in the first)",
     )
+    add_link_gbps(parser)
     add_format(parser)
     add_store(parser)
     parser.set_defaults(handler=run)
@@ -45,6 +48,6 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with open_analysis(args, releases=args.version) as analysis:
-        result = analysis.steps(args.version, warmup=args.warmup)
+        result = analysis.steps(args.version, warmup=args.warmup, link_gbps=args.link_gbps)
     emit(result, args.format)
     return 0

@@ -83,6 +83,7 @@ def _run_lines(run: RunSteps, md: bool) -> list[str]:
                 pct(_frac(r.comm_overlap_pct), 1),
             ]
     lines += _table(headers, rank_rows, md)
+    lines += _comm_lines(run, md)
     if run.stragglers and run.world_size > 1:
         lines.append("")
         lines.append(
@@ -93,6 +94,61 @@ def _run_lines(run: RunSteps, md: bool) -> list[str]:
                 for s in run.stragglers
             )
         )
+    return lines
+
+
+def _size(nbytes: float) -> str:
+    """Bytes as nccl-tests-style binary units (``25.0 MiB``)."""
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= k:
+            return f"{nbytes / k:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _comm_lines(run: RunSteps, md: bool) -> list[str]:
+    """Bandwidth per collective class and communication per process group."""
+    lines: list[str] = []
+    if run.collectives:
+        link = f" of {run.link_gbps:g} Gb/s" if run.link_gbps else ""
+        headers = ["op", "group", "ranks", "scope", "size", "count", "transfer", "algbw", "busbw"]
+        if run.link_gbps:
+            headers.append("of link")
+        rows = []
+        for c in run.collectives:
+            row: list[Any] = [
+                c.op,
+                c.group if not c.group_desc else f"{c.group} ({c.group_desc})",
+                c.group_size,
+                c.scope,
+                _size(c.bytes),
+                c.count,
+                ms(c.time_ms, 2),
+                f"{c.algbw_gb_s:.2f} GB/s",
+                f"{c.busbw_gb_s:.2f} GB/s",
+            ]
+            if run.link_gbps:
+                row.append(pct(c.link_fraction) if c.link_fraction is not None else "–")
+            rows.append(row)
+        lines += ["", f"collectives (transfer time only; bandwidth in GB/s as nccl-tests{link}):"]
+        lines += _table(headers, rows, md)
+    if run.groups:
+        rows = [
+            [
+                g.group if not g.group_desc else f"{g.group} ({g.group_desc})",
+                g.role.replace("_", "-"),
+                g.group_size,
+                ", ".join(g.ops),
+                g.launched_under,
+                f"{g.per_step:.1f}",
+                ms(g.wall_ms),
+                ms(g.exposed_ms),
+            ]
+            for g in run.groups
+        ]
+        headers = ["group", "role", "ranks", "ops", "launched under", "per step", "wall"]
+        headers.append("exposed")
+        lines += ["", "communication by process group (per rank and step):"]
+        lines += _table(headers, rows, md)
     return lines
 
 
@@ -157,6 +213,8 @@ def diff_text(d: TrainingDiff, md: bool = False) -> str:
         for c in d.components
     ]
     lines += _table(["component", "before", "after", "delta", "share of loss"], rows, md)
+    if d.bandwidth is not None:
+        lines += ["", f"bandwidth: {d.bandwidth.sentence()}"]
     lines += ["", f"verdict: {d.verdict.bottleneck}", d.verdict.summary]
     for f in d.flags:
         lines.append(f"note [{f.code}]: {f.message}")

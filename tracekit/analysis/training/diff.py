@@ -3,28 +3,27 @@
 Speed-up is samples/s after ÷ before, ideal speed-up the ratio of world sizes, and
 scaling efficiency their ratio (docs/design.md, "Training steps"). Under ideal scaling the
 after run's mean step time would be the before run's, with compute scaled to the after
-run's per-rank batch (compute is compared per sample); the difference is the **lost**
-step time. Each component's share of it follows the diff's counterfactual rule: put the
-component's per-step values in the after run back to the before run's distribution
-(quantile-matched), recompute the mean step time, and see how much of the loss
-disappears. The figures behind the verdict are 10%-trimmed means over steps, so a
-few steps stalled by something else on the machine do not decide it.
+run's per-rank work (compute is compared per sample, or per token where the steps say);
+the difference is the **lost** step time. Each component's share of it follows the
+diff's counterfactual rule: put the component's per-step values in the after run back
+to the before run's distribution (quantile-matched), recompute the mean step time, and
+see how much of the loss disappears. The figures behind the verdict are 10%-trimmed
+means over steps, so a few steps stalled by something else on the machine do not
+decide it.
 
-The verdict names a bottleneck only on evidence that noise does not produce:
+The verdict (docs/training.md, "Verdict"):
 
-- ``straggler``: one rank arrives after the others at the collectives of most steps,
-  by a margin (its median lateness over steps, last or not, is at least
-  :data:`STRAGGLER_LATENESS` of the step) and beyond chance (4 standard errors of
-  that median, estimated from the steps' own spread). Steps, not collectives, are the
-  unit: a step's buckets share whatever delayed the rank in that step. Peer wait and compute imbalance without
-  such a rank is *jitter* — ranks taking turns being late, which any synchronous job
-  on shared or noisy hardware pays — reported, never named.
-- ``compute``: only when the per-rank batch shrank (strong scaling): the per-GPU batch
-  too small to hide fixed costs. With the same per-rank batch, compute that grew is the
-  same work done slower (a busy host, throttled devices): flagged, not a scaling
-  bottleneck.
-- every named bottleneck must recover at least :data:`MIN_STEP_SHARE` of the after
-  run's step time and a majority of the growth that can be named.
+- ``none`` only when scaling is close to ideal: efficiency at least :data:`EFFICIENT`,
+  also once a compute speed-up of the after run is taken out (a baseline measured on a
+  busier machine must not hide a slow loader). A run whose efficiency is lower always
+  gets a bottleneck.
+- otherwise the bottleneck whose growth recovers the largest share of the lost time:
+  ``data_loading``, ``communication`` (with the bus bandwidth before and after),
+  ``straggler`` (one rank arriving after the others in most steps by a margin beyond
+  chance; without such a rank the peer wait is *jitter*, ranks taking turns being
+  late, said so in the sentence), or ``compute``, split into "per-rank work changed"
+  (samples or tokens per rank per step) and "the same work ran slower" (naming the
+  stages and their factors: recomputation, resharding, another kernel or GPU).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.results import Flag, TrainingVerdict
 from tracekit.analysis.store import Store
+from tracekit.analysis.training.bandwidth import INTRA
 from tracekit.analysis.training.model import (
     BOTTLENECKS,
     COMMUNICATION,
@@ -45,6 +45,8 @@ from tracekit.analysis.training.model import (
     IMBALANCE,
     NONE,
     STRAGGLER,
+    BandwidthChange,
+    CollectiveBandwidth,
     DiffComponent,
     RunSteps,
     RunSummary,
@@ -56,11 +58,11 @@ from tracekit.analysis.training.model import (
 from tracekit.analysis.training.steps import load_run
 
 EFFICIENT = 0.9
-"""Scaling efficiency at or above which nothing is named a bottleneck."""
+"""Scaling efficiency at or above which scaling is close to ideal (verdict ``none``)."""
 MAJORITY = 0.5
-"""A bottleneck must account for at least this share of the growth that can be named."""
+"""Below this share of the growth the named bottleneck's sentence also gives the spread."""
 MIN_STEP_SHARE = 0.15
-"""...and recover at least this share of the after run's step time."""
+"""A compute drift (same per-rank work) of this share of the ideal step is said."""
 STRAGGLER_LATENESS = 0.15
 """A straggler's median lateness over steps, as a share of the step time."""
 STRAGGLER_STEPS = 2 / 3
@@ -69,7 +71,6 @@ STRAGGLER_Z = 4.0
 """...and its median lateness in standard errors (the steps' own spread): beyond chance."""
 TRIM = 0.1
 """Share of steps trimmed from each end for the verdict's means."""
-JITTER = "jitter"
 SLOWER_COMPUTE = "slower_compute"
 
 
@@ -109,6 +110,25 @@ FIXES: dict[str, str] = {
     NONE: "nothing to fix",
 }
 """The fix the seeds name for each bottleneck."""
+SAME_WORK_FIX = (
+    "look at what changed in those stages — activation "
+    "recomputation (checkpointing), FSDP resharding, another kernel or library version, "
+    "another GPU SKU, clocks and thermal throttling (nvidia-smi -q -d CLOCK,PERFORMANCE)"
+)
+JITTER_FIX = (
+    "no one rank is late in most steps: ranks take turns being late — look for what delays "
+    "any rank at random (shared or oversubscribed hosts, OS noise, uneven batches or "
+    "sequence lengths) and for host syncs that make every step wait for the slowest"
+)
+NETWORK_FIX = "the network is the limit: " + FIXES[COMMUNICATION]
+UNDER_LINK = 0.5
+"""Bus bandwidth under this share of the link's rate is not the link's rate at work."""
+UNDER_LINK_FIX = (
+    "the network is the limit, though well under the link's rate: small messages "
+    "(latency-bound: fewer, larger buckets) or a fabric running below it (NCCL_DEBUG=INFO "
+    "says whether NCCL uses InfiniBand/RoCE or fell back to sockets; check "
+    "NCCL_SOCKET_IFNAME, NCCL_IB_HCA and GPUDirect RDMA)"
+)
 
 
 def summary_of(run: RunSteps) -> RunSummary:
@@ -127,26 +147,38 @@ def quantile_matched(after: list[float], before: list[float]) -> np.ndarray:
     return out
 
 
-def diff_runs(store: Store, before: str, after: str, *, warmup: int = 1) -> TrainingDiff:
-    """Compare two training runs of the store."""
+def diff_runs(
+    store: Store, before: str, after: str, *, warmup: int = 1, link_gbps: float | None = None
+) -> TrainingDiff:
+    """Compare two training runs of the store (``link_gbps``: the link's peak, Gb/s)."""
     return compare_runs(
-        load_run(store, before, warmup=warmup), load_run(store, after, warmup=warmup)
+        load_run(store, before, warmup=warmup, link_gbps=link_gbps),
+        load_run(store, after, warmup=warmup, link_gbps=link_gbps),
     )
+
+
+def _work_ratio(b: RunSteps, a: RunSteps) -> tuple[float, str]:
+    """After ÷ before per-rank work per step, and its unit (tokens where both runs say)."""
+    if b.tokens_per_rank_step and a.tokens_per_rank_step:
+        return a.tokens_per_rank_step / b.tokens_per_rank_step, "tokens"
+    if b.samples_per_rank_step and a.samples_per_rank_step:
+        return a.samples_per_rank_step / b.samples_per_rank_step, "samples"
+    return 1.0, "samples"
 
 
 def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
     """The diff of two already-read runs."""
     flags = [*b.flags, *a.flags]
-    per_rank = 1.0
-    if b.samples_per_rank_step and a.samples_per_rank_step:
-        per_rank = a.samples_per_rank_step / b.samples_per_rank_step
-        if abs(per_rank - 1.0) > 1e-9:
-            flags.append(
-                Flag(
-                    "batch_changed",
-                    f"the per-rank batch changed ×{per_rank:.2f}; compute is compared per sample",
-                )
+    per_rank, unit = _work_ratio(b, a)
+    same_work = abs(per_rank - 1.0) <= 1e-9
+    if not same_work:
+        what = "batch" if unit == "samples" else "tokens"
+        flags.append(
+            Flag(
+                "batch_changed",
+                f"the per-rank {what} changed ×{per_rank:.2f}; compute is compared per {unit[:-1]}",
             )
+        )
     ideal = a.world_size / b.world_size if b.world_size else float("nan")
     if b.samples_per_s and a.samples_per_s:
         speedup: float | None = a.samples_per_s / b.samples_per_s
@@ -156,30 +188,43 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
         speedup = None
     efficiency = speedup / ideal if speedup is not None and ideal else None
     ideal_step = b.step_ms_mean * per_rank
-    # the verdict's own figures: trimmed means over steps (a stalled step decides nothing)
-    robust_after = trimmed_mean(a.step_times_ms)
-    robust_ideal = trimmed_mean(b.step_times_ms) * per_rank
-    lost = robust_after - robust_ideal
 
     names = [c.name for c in a.components]
     names += [c.name for c in b.components if c.name not in names]
     step_after = np.asarray(a.step_times_ms, dtype=float)
-    components = []
-    recovered_ms: dict[str, float] = {}
-    # With the same per-rank batch, the compute stages do the same work in both runs: a
-    # change in their time is the machine (load, clocks), not scaling. It is set aside
-    # before deciding whether anything was lost (a baseline measured on a busier
-    # machine must not hide a real bottleneck, nor a busier after run invent one).
-    drift = 0.0
+    series: dict[str, tuple[list[float], list[float]]] = {}
     for name in names:
         scale = per_rank if name in COMPUTE_STAGES or name == IMBALANCE else 1.0
         before_vals = [v * scale for v in b.component_steps_ms.get(name, [])] or [0.0]
         after_vals = a.component_steps_ms.get(name, []) or [0.0] * len(step_after)
-        cf = step_after - np.asarray(after_vals) + quantile_matched(after_vals, before_vals)
-        recovered = robust_after - trimmed_mean(cf) if len(step_after) else 0.0
-        recovered_ms[name] = recovered
-        if name in COMPUTE_STAGES and abs(per_rank - 1.0) <= 1e-9:
-            drift += trimmed_mean(after_vals) - trimmed_mean(before_vals)
+        series[name] = (before_vals, after_vals)
+
+    def recovered(trim: float) -> dict[str, float]:
+        out = {}
+        after_mean = trimmed_mean(step_after, trim)
+        for name, (before_vals, after_vals) in series.items():
+            cf = step_after - np.asarray(after_vals) + quantile_matched(after_vals, before_vals)
+            out[name] = after_mean - trimmed_mean(cf, trim) if len(step_after) else 0.0
+        return out
+
+    # the verdict's own figures: trimmed means over steps (a stalled step decides nothing)
+    robust_after = trimmed_mean(a.step_times_ms)
+    robust_ideal = trimmed_mean(b.step_times_ms) * per_rank
+    lost = robust_after - robust_ideal
+    recovered_ms = recovered(TRIM)
+    stages = {
+        n: (trimmed_mean(series[n][0]), trimmed_mean(series[n][1]))
+        for n in COMPUTE_STAGES
+        if n in series
+    }
+    # With the same per-rank work, a compute change is the same work done faster or
+    # slower. Slower is named (recomputation, another kernel, a throttled GPU); faster
+    # must not hide a bottleneck that scaling added, so it is taken out of the test
+    # for "close to ideal".
+    drift = sum(after - before for before, after in stages.values()) if same_work else 0.0
+    components = []
+    for name in names:
+        before_vals, after_vals = series[name]
         before_ms, after_ms = float(np.mean(before_vals)), float(np.mean(after_vals))
         components.append(
             DiffComponent(
@@ -187,17 +232,24 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
                 before_ms=before_ms,
                 after_ms=after_ms,
                 delta_ms=after_ms - before_ms,
-                share=recovered / lost if lost > 0 else None,
+                share=recovered_ms[name] / lost if lost > 0 else None,
                 bottleneck=bottleneck_of(name),
             )
         )
+    scaling = Scaling(speedup, ideal, efficiency)
+    bandwidth = bandwidth_change(b, a)
+    stalls = False
+    if efficiency is not None and efficiency < EFFICIENT and not _grown(recovered_ms):
+        # the trimmed means see no loss: it is in a few slow steps; the plain means do
+        recovered_ms, stalls = recovered(0.0), True
     verdict = _verdict(
         b,
         a,
-        Scaling(speedup, ideal, efficiency),
+        scaling,
         components,
         recovered_ms,
-        _Loss(lost, robust_after - drift, robust_ideal, drift, per_rank),
+        _Loss(lost, robust_after - min(drift, 0.0), robust_ideal, drift, per_rank, unit),
+        _Evidence(stages, bandwidth, stalls),
         flags,
     )
     if a.steps < 5 or b.steps < 5:
@@ -205,11 +257,12 @@ def compare_runs(b: RunSteps, a: RunSteps) -> TrainingDiff:
     return TrainingDiff(
         before=summary_of(b),
         after=summary_of(a),
-        scaling=Scaling(speedup, ideal, efficiency),
+        scaling=scaling,
         components=components,
         verdict=verdict,
         flags=flags,
         ideal_step_ms=ideal_step,
+        bandwidth=bandwidth,
     )
 
 
@@ -220,11 +273,69 @@ class _Loss:
     lost: float
     """After step minus the ideal step."""
     after_same_work: float
-    """After step with the compute stages at the before run's time (same per-rank batch)."""
+    """After step with a compute speed-up of the same per-rank work taken out."""
     ideal: float
     drift: float
-    """Compute time that changed with the per-rank batch unchanged (the machine)."""
+    """Compute time that changed with the per-rank work unchanged (0 when it changed)."""
     per_rank: float
+    unit: str
+    """What ``per_rank`` counts: ``samples`` or ``tokens``."""
+
+
+@dataclass
+class _Evidence:
+    """What the sentence names beside the shares."""
+
+    stages: dict[str, tuple[float, float]]
+    """Compute stage -> (before, after) trimmed mean ms (before scaled to the after work)."""
+    bandwidth: BandwidthChange | None
+    stalls: bool
+    """The loss is only in the plain means: a few slow steps."""
+
+
+def _grown(recovered_ms: dict[str, float]) -> dict[str, float]:
+    """Ms of the after step each bottleneck's growth costs (positive parts only)."""
+    grown: dict[str, float] = {}
+    for name, r in recovered_ms.items():
+        if r > 0 and name != cv.UNATTRIBUTED:
+            key = bottleneck_of(name)
+            grown[key] = grown.get(key, 0.0) + r
+    return grown
+
+
+def _busiest(rows: list[CollectiveBandwidth]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(op, scope) -> (transfer ms in all, time-weighted mean bus bandwidth)."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        t = r.count * r.time_ms
+        a = acc.setdefault((r.op, r.scope), [0.0, 0.0])
+        a[0] += t
+        a[1] += r.busbw_gb_s * t
+    return {k: (t, w / t) for k, (t, w) in acc.items() if t > 0}
+
+
+def bandwidth_change(b: RunSteps, a: RunSteps) -> BandwidthChange | None:
+    """The after run's busiest (op, scope) by transfer time, with the same op before."""
+    after = _busiest(a.collectives)
+    if not after:
+        return None
+    (op, scope), (_t, busbw) = max(after.items(), key=lambda kv: kv[1][0])
+    before = _busiest(b.collectives)
+    key = (op, scope) if (op, scope) in before else None
+    if key is None:
+        ops = [k for k in before if k[0] == op]
+        key = max(ops, key=lambda k: before[k][0]) if ops else None
+    link = a.link_gbps
+    fraction = busbw / (link / 8.0) if link and scope != INTRA else None
+    return BandwidthChange(
+        op,
+        scope,
+        before[key][1] if key else None,
+        busbw,
+        link,
+        fraction,
+        before_scope=key[1] if key else None,
+    )
 
 
 def _verdict(
@@ -234,86 +345,98 @@ def _verdict(
     components: list[DiffComponent],
     recovered_ms: dict[str, float],
     loss: _Loss,
+    evidence: _Evidence,
     flags: list[Flag],
 ) -> TrainingVerdict:
     speedup, ideal, efficiency = scaling.speedup, scaling.ideal, scaling.efficiency
-    lost, per_rank = loss.lost, loss.per_rank
-    grown = {k: 0.0 for k in BOTTLENECKS if k != NONE}
-    for c in components:
-        r = recovered_ms.get(c.name, 0.0)
-        if r > 0 and c.name != cv.UNATTRIBUTED:
-            grown[c.bottleneck] += r  # ms of the step this component's growth costs
+    grown = {k: 0.0 for k in BOTTLENECKS if k != NONE} | _grown(recovered_ms)
     total = sum(grown.values())
     shares = {k: v / total for k, v in grown.items()} if total > 0 else dict.fromkeys(grown, 0.0)
     head = f"{b.label} ({b.world_size} ranks) → {a.label} ({a.world_size} ranks)"
     if speedup is None or efficiency is None:
         return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
     gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%})"
-    # efficiency with the compute stages' drift set aside: what scaling itself cost
     same_work = loss.ideal / loss.after_same_work if loss.after_same_work > 0 else 1.0
-    slower = "slower" if loss.drift > 0 else "faster"
-    drift_note = (
-        f" (compute ran {abs(loss.drift):.1f} ms per step {slower} with the same per-rank "
-        "batch — the machine, not scaling — and is set aside)"
-        if abs(loss.drift) >= MIN_STEP_SHARE * loss.ideal
+    faster = (
+        f" (compute ran {-loss.drift:.1f} ms per step faster with the same per-rank work; "
+        f"without that gain the efficiency would be {same_work:.0%})"
+        if loss.drift <= -MIN_STEP_SHARE * loss.ideal
         else ""
     )
     if loss.drift >= MIN_STEP_SHARE * loss.ideal:
         flags.append(
             Flag(
                 SLOWER_COMPUTE,
-                f"with the same per-rank batch, compute took {loss.drift:.1f} ms more per step: "
-                "the same work done slower (a busy host, throttled or different devices), not "
-                "a cost of scaling",
+                f"with the same per-rank work, compute took {loss.drift:.1f} ms more per step: "
+                "the same work done slower",
             )
         )
-    if same_work >= EFFICIENT or total <= 0:
+    if (efficiency >= EFFICIENT and same_work >= EFFICIENT) or total <= 0:
         return TrainingVerdict(
             NONE,
-            f"{head}: {gain}; no bottleneck — scaling is close to ideal{drift_note}",
+            f"{head}: {gain}; no bottleneck — scaling is close to ideal (efficiency at least "
+            f"{EFFICIENT:.0%}){faster}",
             FIXES[NONE],
             [],
             shares,
         )
-    # What noise produces is reported, never named (module docstring).
-    lead = consistent_straggler(a)
-    unnamed: dict[str, float] = {}
-    candidates = dict(grown)
-    if lead is None and candidates.get(STRAGGLER, 0.0) > 0:
-        unnamed[JITTER] = candidates.pop(STRAGGLER)
-    if per_rank >= 1.0 - 1e-9 and candidates.get(COMPUTE, 0.0) > 0:
-        unnamed[SLOWER_COMPUTE] = candidates.pop(COMPUTE)
-    nameable = sum(v for v in candidates.values() if v > 0)
-    top = max(candidates, key=lambda k: candidates[k]) if candidates else NONE
-    top_ms = candidates.get(top, 0.0)
-    floor = MIN_STEP_SHARE * loss.after_same_work
-    if top == NONE or top_ms < floor or top_ms < MAJORITY * nameable:
-        spread = ", ".join(
+    top = max(grown, key=lambda k: grown[k])
+    fix, detail, ranks = FIXES[top], "", []
+    if top == STRAGGLER:
+        lead = consistent_straggler(a)
+        if lead is not None:
+            ranks = [lead.rank]
+            where = f" on {lead.host}" if lead.host else ""
+            detail = (
+                f"; rank {lead.rank}{where} arrived after the others in {lead.late_steps:.0%} "
+                f"of steps (median {lead.lateness_ms:.1f} ms late) and last at {lead.share:.0%} "
+                "of collectives"
+            )
+        else:
+            detail = "; no one rank: ranks take turns being late (jitter)"
+            fix = JITTER_FIX
+    elif top == COMPUTE:
+        detail, fix = _compute_detail(b, a, loss, evidence.stages)
+    elif top == COMMUNICATION and evidence.bandwidth is not None:
+        detail = "; " + evidence.bandwidth.sentence()
+        fraction = evidence.bandwidth.link_fraction
+        fix = NETWORK_FIX if fraction is None or fraction >= UNDER_LINK else UNDER_LINK_FIX
+    if shares[top] < MAJORITY:
+        rest = ", ".join(
             f"{k.replace('_', ' ')} {v:.1f} ms"
-            for k, v in sorted({**candidates, **unnamed}.items(), key=lambda kv: -kv[1])
-            if v > 0
+            for k, v in sorted(grown.items(), key=lambda kv: -kv[1])
+            if v > 0 and k != top
         )
-        return TrainingVerdict(
-            NONE,
-            f"{head}: {gain}; no single bottleneck — the lost {lost:.1f} ms per step is spread "
-            f"({spread}); jitter is ranks taking turns being late, which no one rank or "
-            f"component explains{drift_note}",
-            FIXES[NONE],
-            [],
-            shares,
-        )
-    ranks: list[int] = []
-    detail = ""
-    if top == STRAGGLER and lead is not None:
-        ranks = [lead.rank]
-        where = f" on {lead.host}" if lead.host else ""
-        detail = (
-            f"; rank {lead.rank}{where} arrived after the others in {lead.late_steps:.0%} of "
-            f"steps (median {lead.lateness_ms:.1f} ms late) and last at {lead.share:.0%} of "
-            "collectives"
-        )
+        detail += f"; the rest is spread ({rest})"
+    if evidence.stalls:
+        detail += "; the loss is in a few slow steps (trimmed means show none)"
     summary = (
         f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the "
-        f"step-time growth ({top_ms:.1f} ms per step){detail}{drift_note} — {FIXES[top]}."
+        f"step-time growth ({grown[top]:.1f} ms per step){detail}{faster} — {fix}."
     )
-    return TrainingVerdict(top, summary, FIXES[top], ranks, shares)
+    return TrainingVerdict(top, summary, fix, ranks, shares)
+
+
+def _compute_detail(
+    b: RunSteps, a: RunSteps, loss: _Loss, stages: dict[str, tuple[float, float]]
+) -> tuple[str, str]:
+    """The compute sentence: whether the per-rank work changed or the same work ran slower."""
+    slower = sorted(
+        ((n, bv, av) for n, (bv, av) in stages.items() if av > bv),
+        key=lambda t: -(t[2] - t[1]),
+    )
+    if abs(loss.per_rank - 1.0) > 1e-9:
+        unit = loss.unit
+        before = b.tokens_per_rank_step if unit == "tokens" else b.samples_per_rank_step
+        after = a.tokens_per_rank_step if unit == "tokens" else a.samples_per_rank_step
+        per = ", ".join(f"{n} per {unit[:-1]} ×{av / bv:.2f}" for n, bv, av in slower if bv > 0)
+        text = (
+            f"; per-rank work changed: {before or 0:g} → {after or 0:g} {unit} per rank per "
+            f"step (×{loss.per_rank:.2f})" + (f", {per}" if per else "")
+        )
+        return text, FIXES[COMPUTE] if loss.per_rank < 1.0 else SAME_WORK_FIX
+    parts = ", ".join(
+        f"{n} {bv:.1f} → {av:.1f} ms" + (f" (×{av / bv:.2f})" if bv > 0 else "")
+        for n, bv, av in slower
+    )
+    return f"; the same work ran slower: {parts}" if parts else "", SAME_WORK_FIX

@@ -107,6 +107,56 @@ class Straggler:
 
 
 @dataclass
+class CollectiveBandwidth:
+    """Collectives of one op, process group and size class: how fast they moved bytes.
+
+    Bandwidths are GB/s (10⁹ bytes/s) as nccl-tests prints them: ``algbw`` = bytes ÷
+    transfer time, ``busbw`` = algbw × the op's bus factor for ``group_size`` ranks
+    (docs/training.md, "Collective bandwidth").
+    """
+
+    op: str
+    group: str
+    group_size: int
+    bytes: float
+    """Mean payload per collective (nccl-tests' size: all_gather's output, reduce_scatter's input)."""
+    count: int
+    """Collectives (each counted once, however many ranks ran it)."""
+    time_ms: float
+    """Mean transfer time: from the later of the last rank's arrival and the end of the
+    group's previous collective, to the end (median over the ranks)."""
+    algbw_gb_s: float
+    busbw_gb_s: float
+    scope: str
+    """``intra-node``, ``inter-node`` (its ranks are on more than one host) or ``unknown``."""
+    group_desc: str | None = None
+    link_fraction: float | None = None
+    """busbw ÷ the link's peak (``--link-gbps`` ÷ 8), for collectives that cross hosts."""
+
+
+@dataclass
+class GroupComm:
+    """One process group's communication in a run, per rank and step."""
+
+    group: str
+    group_desc: str | None
+    group_size: int
+    role: str
+    """``data_parallel``, ``fsdp``, ``tensor``, ``pipeline``, ``expert`` or ``other``: from the
+    group's description or name, else from its ops (docs/training.md)."""
+    ops: list[str]
+    launched_under: str
+    """The stage most of its time was launched under (``backward`` for DDP buckets,
+    ``forward`` for FSDP's all-gathers)."""
+    per_step: float
+    """Collectives per rank per step."""
+    wall_ms: float
+    """Summed collective time per rank per step."""
+    exposed_ms: float
+    """Of it, on the step's critical path (not hidden under compute)."""
+
+
+@dataclass
 class RunSteps:
     """One training run (a ``service.version``): where its step time goes."""
 
@@ -122,12 +172,19 @@ class RunSteps:
     samples_per_rank_step: float | None
     ranks: list[RankRow]
     stragglers: list[Straggler]
-    collectives: int
+    matched_collectives: int
     """Collectives matched across every rank by (group, seq)."""
     clock_offset_ms: float
     """Largest clock shift applied to a host to align collective ends (0: one host)."""
     warmup_steps: int
     flags: list[Flag] = field(default_factory=list)
+    collectives: list[CollectiveBandwidth] = field(default_factory=list)
+    """Bandwidth per (op, group, size class) where the spans carry bytes."""
+    groups: list[GroupComm] = field(default_factory=list)
+    tokens_per_rank_step: float | None = None
+    """Mean tokens per rank per step, where every step span carries ``tracekit.step.tokens``."""
+    link_gbps: float | None = None
+    """The link's peak in Gb/s (``--link-gbps``, else the ``tracekit.link.gbps`` resource)."""
     step_times_ms: list[float] = field(default_factory=list, repr=False)
     """Per step, the mean over ranks of the step span's duration (for diff and gate)."""
     component_steps_ms: dict[str, list[float]] = field(default_factory=dict, repr=False)
@@ -186,4 +243,38 @@ class TrainingDiff:
     flags: list[Flag]
     ideal_step_ms: float
     """The after run's mean step time under perfect scaling."""
+    bandwidth: BandwidthChange | None = None
     kind: str = "training"
+
+
+@dataclass
+class BandwidthChange:
+    """The after run's busiest collective (by transfer time) against the same op before."""
+
+    op: str
+    scope: str
+    before_busbw_gb_s: float | None
+    after_busbw_gb_s: float
+    link_gbps: float | None
+    link_fraction: float | None
+    """Of the after run's link peak (inter-node collectives)."""
+    before_scope: str | None = None
+
+    def sentence(self) -> str:
+        a = f"{self.after_busbw_gb_s:.1f} GB/s"
+        if self.before_busbw_gb_s is None:
+            text = f"{_where(self.scope)}{self.op} bus bandwidth {a}"
+        elif self.before_scope not in (None, self.scope):
+            text = (
+                f"{self.op} bus bandwidth {self.before_busbw_gb_s:.1f} GB/s {self.before_scope} "
+                f"→ {a} {self.scope}"
+            )
+        else:
+            text = f"{_where(self.scope)}{self.op} bus bandwidth {self.before_busbw_gb_s:.1f} → {a}"
+        if self.link_fraction is not None and self.link_gbps:
+            text += f", {self.link_fraction:.0%} of a {self.link_gbps:g} Gb/s link"
+        return text
+
+
+def _where(scope: str) -> str:
+    return "" if scope == "unknown" else f"{scope} "

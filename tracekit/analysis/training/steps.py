@@ -35,6 +35,7 @@ from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution.per_request import fetch_spans, json_path, trace_input
 from tracekit.analysis.results import Flag
 from tracekit.analysis.store import DatabaseError, Store
+from tracekit.analysis.training import bandwidth as bw
 from tracekit.analysis.training.gpu import rank_gpu_breakdown
 from tracekit.analysis.training.model import (
     COMPONENT_ORDER,
@@ -69,7 +70,9 @@ SELECT trace_id, span_id, start_ns, end_ns, host_name, instance_id,
        coalesce(TRY_CAST(json_extract_string(resource_attributes, $world) AS INTEGER),
                 TRY_CAST(json_extract_string(attributes, $world) AS INTEGER)) AS world,
        TRY_CAST(json_extract_string(attributes, $step_idx) AS BIGINT) AS step,
-       TRY_CAST(json_extract_string(attributes, $samples) AS DOUBLE) AS samples
+       TRY_CAST(json_extract_string(attributes, $samples) AS DOUBLE) AS samples,
+       TRY_CAST(json_extract_string(resource_attributes, $link) AS DOUBLE) AS link_gbps,
+       TRY_CAST(json_extract_string(attributes, $tokens) AS DOUBLE) AS tokens
 FROM spans
 WHERE parent_span_id IS NULL AND name = $step AND service_version = $label
   AND start_ns IS NOT NULL AND end_ns IS NOT NULL
@@ -79,10 +82,25 @@ ORDER BY trace_id
 _COMM_SQL = """
 SELECT trace_id, span_id,
        coalesce(json_extract_string(attributes, $group), 'default') AS grp,
-       TRY_CAST(json_extract_string(attributes, $seq) AS BIGINT) AS seq
+       TRY_CAST(json_extract_string(attributes, $seq) AS BIGINT) AS seq,
+       coalesce(json_extract_string(attributes, $op),
+                nullif(split_part(name, ' ', 2), ''), 'unknown') AS op,
+       TRY_CAST(json_extract_string(attributes, $bytes) AS BIGINT) AS nbytes,
+       TRY_CAST(json_extract_string(attributes, $size) AS INTEGER) AS group_size,
+       json_extract_string(attributes, $desc) AS group_desc
 FROM spans
 WHERE stage = $comm AND trace_id IN (SELECT unnest($ids::VARCHAR[]))
 """
+
+
+@dataclass(frozen=True, slots=True)
+class _CommAttrs:
+    group: str
+    seq: int
+    op: str
+    nbytes: int | None
+    group_size: int | None
+    group_desc: str | None
 
 
 @dataclass
@@ -96,11 +114,16 @@ class _RankStep:
     duration_ns: int
     samples: float | None
     stages: dict[str, int]
+    tokens: float | None = None
     """Critical-path ns per stage; communication already split into peer wait/transfer."""
     comm_total_ns: int = 0
     comm_exposed_ns: int = 0
     comm_spans: list[tuple[int, int, int, str, int]] = field(default_factory=list)
     """(span index, launch ns, end ns, group, seq) of each matched collective."""
+    comm_meta: list[_CommAttrs] = field(default_factory=list)
+    """Aligned with ``comm_spans``: what the span says of its collective."""
+    comm_stage: list[str] = field(default_factory=list)
+    """Aligned with ``comm_spans``: the stage it was launched under."""
     segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     """Critical segments of each communication span."""
 
@@ -124,6 +147,7 @@ def steps_report(
     version: str | None = None,
     *,
     warmup: int = 1,
+    link_gbps: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> StepsResult:
     """:class:`StepsResult` for one run (``version``) or every training run in the store."""
@@ -142,12 +166,18 @@ def steps_report(
     for label in labels:
         if progress:
             progress(f"reading run {label}")
-        out.append(load_run(store, label, warmup=warmup))
+        out.append(load_run(store, label, warmup=warmup, link_gbps=link_gbps))
     return StepsResult(runs=out, db=store.path)
 
 
-def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
-    """Read and attribute every step of run ``label``."""
+def load_run(
+    store: Store, label: str, *, warmup: int = 1, link_gbps: float | None = None
+) -> RunSteps:
+    """Read and attribute every step of run ``label``.
+
+    ``link_gbps``: the network link's peak in Gb/s for the bandwidth table (default: the
+    run's ``tracekit.link.gbps`` resource attribute, if any).
+    """
     params = {
         "step": cv.STEP_SPAN_NAME,
         "label": label,
@@ -155,6 +185,8 @@ def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
         "world": json_path(cv.WORLD_SIZE),
         "step_idx": json_path(cv.STEP),
         "samples": json_path(cv.STEP_SAMPLES),
+        "link": json_path(cv.LINK_GBPS),
+        "tokens": json_path(cv.STEP_TOKENS),
     }
     try:
         roots = store.con.execute(_STEPS_SQL, params).fetchall()
@@ -168,7 +200,7 @@ def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
     cols = fetch_spans(store, ids)
     bounds = _bounds(cols["trace_id"])
     rank_steps: list[_RankStep] = []
-    for trace_id, _sid, start, end, host, _inst, _r, _w, step, samples in roots:
+    for trace_id, _sid, start, end, host, _inst, _r, _w, step, samples, _link, tokens in roots:
         lo, hi = bounds[trace_id]
         rs = _walk_step(cols, lo, hi, comm)
         if rs is None:
@@ -177,9 +209,12 @@ def load_run(store: Store, label: str, *, warmup: int = 1) -> RunSteps:
         rs.step = int(step) if step is not None else -1
         rs.duration_ns = int(end - start)
         rs.samples = samples
+        rs.tokens = tokens
         rank_steps.append(rs)
     world = max([r[7] or 0 for r in roots] + [len(set(ranks.values()))])
-    run = _summarise(label, world, rank_steps, warmup)
+    if link_gbps is None:
+        link_gbps = max((float(r[10]) for r in roots if r[10]), default=None)
+    run = _summarise(label, world, rank_steps, warmup, link_gbps)
     # Profiled runs (Kineto files) also have each rank's GPU time line.
     gpu = rank_gpu_breakdown(store, label)
     run.ranks = [
@@ -204,18 +239,25 @@ def _ranks(roots: list[tuple[Any, ...]]) -> dict[str, int]:
     return {r[0]: int(r[6]) if r[6] is not None else dense[str(r[5])] for r in roots}
 
 
-def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], tuple[str, int]]:
+def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], _CommAttrs]:
     params = {
         "ids": ids,
         "comm": cv.COMMUNICATION,
         "group": json_path(cv.COMM_GROUP),
         "seq": json_path(cv.COMM_SEQ),
+        "op": json_path(cv.COMM_OP),
+        "bytes": json_path(cv.COMM_BYTES),
+        "size": json_path(cv.COMM_GROUP_SIZE),
+        "desc": json_path(cv.COMM_GROUP_DESC),
     }
     try:
         rows = store.con.execute(_COMM_SQL, params).fetchall()
     except DatabaseError as exc:
         raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
-    return {(t, s): (g, -1 if q is None else int(q)) for t, s, g, q in rows}
+    return {
+        (t, s): _CommAttrs(g, -1 if q is None else int(q), str(op or ""), b, n, d)
+        for t, s, g, q, op, b, n, d in rows
+    }
 
 
 def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
@@ -229,21 +271,28 @@ def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _walk_step(
-    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], tuple[str, int]]
+    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], _CommAttrs]
 ) -> _RankStep | None:
     t = trace_input(cols, lo, hi)
     trace_id = cols["trace_id"][lo]
     info = [comm.get((trace_id, sid)) for sid in t.span_id]
+    index = {sid: i for i, sid in enumerate(t.span_id)}
     comm_total = 0
     spans: list[tuple[int, int, int, str, int]] = []
+    meta: list[_CommAttrs] = []
+    under: list[str] = []
     intervals: list[tuple[int, int]] = []
     for i, c in enumerate(info):
         s, e = t.start[i], t.end[i]
         if c is None or s is None or e is None:
             continue
         intervals.append((s, e))
-        if c[1] >= 0:
-            spans.append((i, s, e, c[0], c[1]))
+        if c.seq >= 0:
+            spans.append((i, s, e, c.group, c.seq))
+            meta.append(c)
+            parent = t.parent[i]
+            p = index.get(parent) if parent is not None else None
+            under.append((t.stage[p] or t.name[p]) if p is not None else cv.STEP_SPAN_NAME)
     if intervals:
         comm_total = _union(intervals)
     a = cp.analyse_trace(t)
@@ -265,6 +314,8 @@ def _walk_step(
         comm_total_ns=comm_total,
         comm_exposed_ns=stages.get(cv.COMMUNICATION, 0),
         comm_spans=spans,
+        comm_meta=meta,
+        comm_stage=under,
         segments=dict(segments),
     )
 
@@ -360,7 +411,9 @@ def _split_comm(rs: _RankStep, last: dict[tuple[str, int], int], offset: int) ->
 # --- one run --------------------------------------------------------------------------
 
 
-def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int) -> RunSteps:
+def _summarise(
+    label: str, world: int, rank_steps: list[_RankStep], warmup: int, link_gbps: float | None
+) -> RunSteps:
     flags: list[Flag] = []
     offsets = _host_offsets(rank_steps)
     arr = _arrivals(rank_steps, offsets, world)
@@ -394,11 +447,14 @@ def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int)
     comp_steps: dict[str, list[float]] = {n: [] for n in names}
     step_ms: list[float] = []
     samples: list[float] = []
+    tokens: list[float] = []
     for s in kept:
         group = by_step[s]
         step_ms.append(float(np.mean([r.duration_ns for r in group])) / NS)
         total_samples = [r.samples for r in group if r.samples is not None]
         samples.append(float(sum(total_samples)) if total_samples else float("nan"))
+        step_tokens = [r.tokens for r in group if r.tokens is not None]
+        tokens.append(float(sum(step_tokens)) if len(step_tokens) == len(group) else float("nan"))
         imbalance = 0.0
         for n in names:
             if n == IMBALANCE:
@@ -420,9 +476,12 @@ def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int)
     total_comm = sum(r.comm_total_ns for r in rank_steps if r.step in kept)
     exposed = sum(r.comm_exposed_ns for r in rank_steps if r.step in kept)
     overlap = 1.0 - exposed / total_comm if total_comm else None
+    instances = _instances(rank_steps, offsets, set(kept))
     have_samples = not any(np.isnan(samples)) and samples
     sps = float(np.sum(samples)) / (float(np.sum(step_ms)) / 1000.0) if have_samples else None
     per_rank = float(np.mean(samples)) / world if have_samples else None
+    have_tokens = tokens and not any(np.isnan(tokens))
+    tokens_per_rank = float(np.mean(tokens)) / world if have_tokens else None
     return RunSteps(
         label=label,
         world_size=world,
@@ -433,16 +492,53 @@ def _summarise(label: str, world: int, rank_steps: list[_RankStep], warmup: int)
         overlap_pct=None if overlap is None else overlap * 100.0,
         samples_per_s=sps,
         samples_per_rank_step=per_rank,
+        tokens_per_rank_step=tokens_per_rank,
         ranks=_rank_rows(rank_steps, set(kept), lags),
         stragglers=_stragglers(rank_steps, arr, set(kept)),
-        collectives=matched,
+        matched_collectives=matched,
         clock_offset_ms=clock_offset_ms,
         warmup_steps=skip,
         flags=flags,
+        collectives=bw.collective_table(instances, world, link_gbps),
+        groups=bw.group_table(instances, len(kept)),
+        link_gbps=link_gbps,
         step_times_ms=step_ms,
         component_steps_ms=comp_steps,
         samples_per_step=samples,
     )
+
+
+def _instances(
+    rank_steps: list[_RankStep], offsets: dict[str | None, int], kept: set[int]
+) -> list[bw.CommInstance]:
+    """The kept steps' collectives, on the aligned clock, for the bandwidth tables."""
+    out = []
+    for rs in rank_steps:
+        if rs.step not in kept:
+            continue
+        off = offsets.get(rs.host, 0)
+        for (i, s, e, _g, _q), c, stage in zip(
+            rs.comm_spans, rs.comm_meta, rs.comm_stage, strict=True
+        ):
+            exposed = sum(s1 - s0 for s0, s1 in rs.segments.get(i, ()))
+            out.append(
+                bw.CommInstance(
+                    rank=rs.rank,
+                    host=rs.host,
+                    step=rs.step,
+                    group=c.group,
+                    seq=c.seq,
+                    op=c.op,
+                    nbytes=c.nbytes,
+                    group_size=c.group_size,
+                    group_desc=c.group_desc,
+                    start=s - off,
+                    end=e - off,
+                    stage=stage,
+                    exposed_ns=exposed,
+                )
+            )
+    return out
 
 
 def _ordered(names: list[str]) -> list[str]:
