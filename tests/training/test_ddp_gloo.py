@@ -17,7 +17,7 @@ from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import Store, open_store
 from tracekit.analysis.training.diff import compare_runs
 from tracekit.analysis.training.steps import load_run
-from tracekit.demo.trainer import TRAINING_REGRESSIONS, JobSpec, Run, run_job
+from tracekit.demo.trainer import TRAINING_REGRESSIONS, JobSpec, Run, run_job, verdict_matches
 
 STEPS = 12
 BASELINE = "1rank"
@@ -79,7 +79,11 @@ def test_the_injected_problem_is_named(store: Store, problem: str) -> None:
     assert run.matched_collectives == len(per_seq)
     # critical-path components add up to the step time
     assert sum(c.mean_ms for c in run.components) == pytest.approx(run.step_ms_mean, rel=1e-6)
-    assert d.verdict.bottleneck == TRAINING_REGRESSIONS[problem].expected, d.verdict.summary
+    # with nothing injected on a busy machine: what noise makes, never a loader/link/rank
+    v = d.verdict
+    assert verdict_matches(
+        TRAINING_REGRESSIONS[problem], v.bottleneck, v.ranks, d.scaling.efficiency
+    ), v.summary
     if problem == "straggler":
         assert d.verdict.ranks == [1]
         assert max(run.stragglers, key=lambda s: s.lateness_ms).rank == 1

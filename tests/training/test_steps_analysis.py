@@ -134,12 +134,68 @@ def test_a_baseline_measured_on_a_busier_machine_does_not_hide_slow_data(tmp_pat
         d = diff_runs(store, "8gpu", "64gpu")
     assert d.scaling.efficiency > 0.9
     assert d.verdict.bottleneck == "data_loading", d.verdict.summary
-    assert "faster with the same per-rank batch" in d.verdict.summary
+    assert "faster with the same per-rank work" in d.verdict.summary
 
 
-def test_compute_slower_with_the_same_batch_is_flagged_not_named(tmp_path):
-    with _runs(tmp_path, {}, {"forward_ms": 60.0}) as store:
+def test_the_same_work_running_slower_is_named_compute_with_its_stages(tmp_path):
+    # the run: activation recomputation on at 64 ranks, same per-rank batch
+    before = {"forward_ms": 60.0, "backward_ms": 120.0}
+    after = {"forward_ms": 72.0, "backward_ms": 190.0}
+    with _runs(tmp_path, before, after) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.scaling.efficiency < 0.8
+    assert d.verdict.bottleneck == "compute", d.verdict.summary
+    s = d.verdict.summary
+    assert "the same work ran slower" in s and "close to ideal" not in s
+    # backward first (it grew most), with its factor; forward after it
+    assert s.index("backward 120.0 → 190.0 ms (×1.58)") < s.index("forward")
+    assert "(×1.20)" in s
+    assert "recomputation" in d.verdict.fix
+    assert "slower_compute" in [f.code for f in d.flags]
+
+
+def test_smaller_per_rank_work_is_named_compute_as_changed_work(tmp_path):
+    # strong scaling: the global batch kept, so each of 64 ranks gets a quarter of the
+    # samples; per sample, compute got dearer (fixed costs no longer hidden)
+    with _runs(tmp_path, {"batch": 32}, {"batch": 8, "forward_ms": 10.0}) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.verdict.bottleneck == "compute", d.verdict.summary
+    assert "per-rank work changed: 32 → 8 samples per rank per step (×0.25)" in d.verdict.summary
+    assert "per-GPU batch" in d.verdict.fix
+    assert "batch_changed" in [f.code for f in d.flags]
+
+
+def test_low_efficiency_is_never_none(tmp_path):
+    # every rank takes its turn being late (no one rank is): jitter, named as such
+    with _runs(tmp_path, {"jitter_ms": 0.5}, {"jitter_ms": 60.0}) as store:
         d = diff_runs(store, "8gpu", "64gpu")
     assert d.scaling.efficiency < 0.9
-    assert d.verdict.bottleneck == "none", d.verdict.summary
-    assert "slower_compute" in [f.code for f in d.flags]
+    assert d.verdict.bottleneck != "none", d.verdict.summary
+    assert d.verdict.bottleneck == "straggler" and d.verdict.ranks == []
+    assert "ranks take turns being late (jitter)" in d.verdict.summary
+
+
+def test_close_to_ideal_is_none_and_says_the_threshold(tmp_path):
+    with _runs(tmp_path, {}, {}) as store:
+        d = diff_runs(store, "8gpu", "64gpu")
+    assert d.scaling.efficiency >= 0.9
+    assert d.verdict.bottleneck == "none"
+    assert "close to ideal (efficiency at least 90%)" in d.verdict.summary
+
+
+def test_communication_names_the_bus_bandwidth_before_and_after(tmp_path):
+    with _runs(tmp_path, {}, {"transfer_ms": 40.0, "ranks_per_host": 8}) as store:
+        d = diff_runs(store, "8gpu", "64gpu", link_gbps=400)
+    assert d.verdict.bottleneck == "communication", d.verdict.summary
+    bw = d.bandwidth
+    assert bw is not None and bw.op == "all_reduce"
+    assert (bw.before_scope, bw.scope) == ("intra-node", "inter-node")
+    # 25 MiB in 10 ms then 40 ms, × 2(n−1)/n for 8 and 64 ranks
+    assert bw.before_busbw_gb_s == pytest.approx((25 << 20) / 0.010 / 1e9 * 2 * 7 / 8)
+    assert bw.after_busbw_gb_s == pytest.approx((25 << 20) / 0.040 / 1e9 * 2 * 63 / 64)
+    assert bw.link_fraction == pytest.approx(bw.after_busbw_gb_s / 50.0)
+    assert "all_reduce bus bandwidth 4.59 GB/s intra-node → 1.29 GB/s inter-node" in (
+        d.verdict.summary
+    )
+    assert "3% of a 400 Gb/s link" in d.verdict.summary
+    assert "well under the link's rate" in d.verdict.fix

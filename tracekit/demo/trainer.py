@@ -71,6 +71,25 @@ TRAINING_REGRESSIONS: dict[str, TrainingProblem] = {
     )
 }
 DEFAULT_TRAINING_REGRESSION = "straggler"
+NOISE_BOTTLENECKS = ("compute", "straggler")
+"""What a shared machine's noise alone can make a verdict name: compute that ran slower,
+or ranks taking turns being late (a straggler without one rank)."""
+
+
+def verdict_matches(
+    problem: TrainingProblem, bottleneck: str, ranks: list[int], efficiency: float | None
+) -> bool:
+    """Whether a diff's verdict names ``problem``.
+
+    With nothing injected the verdict is ``none`` only when the 2-rank run did scale close
+    to ideal; on a busy machine it did not, and the verdict must then name what noise
+    makes (:data:`NOISE_BOTTLENECKS`, no one rank), never a loader, a link or a rank.
+    """
+    if problem.expected == "none" and efficiency is not None and efficiency < 0.9:
+        return bottleneck in NOISE_BOTTLENECKS and not ranks
+    return bottleneck == problem.expected
+
+
 NO_PROBLEM = TRAINING_REGRESSIONS["none"]
 
 FEATURES = 16

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tracekit.demo.trainer import JobSpec, Run, get_problem, run_job
+from tracekit.demo.trainer import JobSpec, Run, get_problem, run_job, verdict_matches
 
 BEFORE, AFTER = "1rank", "2rank"
 DB_NAME = "tracekit.duckdb"
@@ -66,8 +66,11 @@ def run_training_demo(
             print(f"$ tracekit diff --before {BEFORE} --after {AFTER}")
             diff = analysis.diff(BEFORE, AFTER)
             _print(render(diff, "table"))
-        named = diff.verdict.bottleneck if isinstance(diff, TrainingDiff) else diff.verdict.kind
-        ok = named == problem.expected
+        if isinstance(diff, TrainingDiff):
+            named = diff.verdict.bottleneck
+            ok = verdict_matches(problem, named, diff.verdict.ranks, diff.scaling.efficiency)
+        else:
+            named, ok = diff.verdict.kind, False
         print(
             f"injected: {problem.name} → expected {problem.expected}; tracekit named {named} "
             f"({'found' if ok else 'MISSED'}, {time.perf_counter() - started:.0f} s)"

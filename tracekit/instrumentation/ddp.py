@@ -26,6 +26,7 @@ from tracekit.instrumentation import _guard
 from tracekit.instrumentation.training import (
     PENDING_DEVICE,
     PENDING_LOCK,
+    group_info,
     group_name,
     launch_parent,
     start_comm_span,
@@ -39,6 +40,7 @@ class _Recorder:
         self.inner = inner
         self.inner_state = inner_state
         self.group = group_name(group)
+        self.group_size, self.group_desc = group_info(group)
         self.backend = _backend(group)
         self.device = self.backend == "nccl"
 
@@ -56,6 +58,8 @@ class _Recorder:
                 start_ns=launch,
                 is_async=True,
                 backend=self.backend,
+                group_size=self.group_size,
+                group_desc=self.group_desc,
             )
             if self.device:
                 import torch

@@ -104,6 +104,26 @@ def group_name(group: Any = None) -> str:
         return DEFAULT_GROUP
 
 
+def group_info(group: Any = None) -> tuple[int | None, str | None]:
+    """(size, description) of a process group, where torch knows them (None: unknown).
+
+    The size is the ``n`` of the bus bandwidth factors; the description is what
+    ``new_group(group_desc=...)`` named it (``default_pg`` for the world group).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None, None
+    try:
+        if not dist.is_initialized():
+            return None, None
+        pg = dist.group.WORLD if group is None else group
+        size = int(dist.get_world_size(pg))
+        desc = getattr(pg, "group_desc", None)
+        return size, str(desc) if desc and desc != "undefined" else None
+    except Exception:  # a custom or torn-down group: its collectives still get spans
+        return None, None
+
+
 # --- device-timed collectives (NCCL), finished at the step's end -----------------------
 
 PENDING_DEVICE: list[tuple[trace.Span, int, Any, Any]] = []
@@ -172,6 +192,8 @@ def start_comm_span(
     start_ns: int,
     is_async: bool,
     backend: str | None,
+    group_size: int | None = None,
+    group_desc: str | None = None,
 ) -> trace.Span:
     """A ``communication`` stage span under ``parent``, numbered in ``group``."""
     attrs: dict[str, Any] = {
@@ -187,6 +209,10 @@ def start_comm_span(
         attrs[cv.COMM_ASYNC] = True
     if backend:
         attrs[cv.COMM_BACKEND] = backend
+    if group_size is not None:
+        attrs[cv.COMM_GROUP_SIZE] = group_size
+    if group_desc:
+        attrs[cv.COMM_GROUP_DESC] = group_desc
     step = _ACTIVE
     if step is not None:
         attrs[cv.STEP] = step.index
@@ -211,6 +237,7 @@ def communication(
     span: trace.Span = trace.INVALID_SPAN
     token: object = None
     try:
+        size, desc = group_info(group)
         span = start_comm_span(
             op,
             nbytes=bytes,
@@ -219,6 +246,8 @@ def communication(
             start_ns=time.time_ns(),
             is_async=False,
             backend=backend,
+            group_size=size,
+            group_desc=desc,
         )
         token = otel_context.attach(trace.set_span_in_context(span))
     except Exception as exc:

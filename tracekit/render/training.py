@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracekit.analysis.training.gate import TrainingGateResult
-from tracekit.analysis.training.model import RankRow, RunSteps, StepsResult, TrainingDiff
+from tracekit.analysis.training.model import RankRow, RunSteps, StepsResult, TrainingDiff, gb_s
 from tracekit.render.common import _jsonable, markdown_table, ms, pct
 from tracekit.render.text import printable
 
@@ -123,8 +123,8 @@ def _comm_lines(run: RunSteps, md: bool) -> list[str]:
                 _size(c.bytes),
                 c.count,
                 ms(c.time_ms, 2),
-                f"{c.algbw_gb_s:.2f} GB/s",
-                f"{c.busbw_gb_s:.2f} GB/s",
+                gb_s(c.algbw_gb_s),
+                gb_s(c.busbw_gb_s),
             ]
             if run.link_gbps:
                 row.append(pct(c.link_fraction) if c.link_fraction is not None else "–")

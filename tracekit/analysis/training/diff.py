@@ -121,6 +121,10 @@ JITTER_FIX = (
     "sequence lengths) and for host syncs that make every step wait for the slowest"
 )
 NETWORK_FIX = "the network is the limit: " + FIXES[COMMUNICATION]
+INTRA_FIX = (
+    "the collectives inside the node are the limit (NVLink/PCIe; loopback for gloo): "
+    + FIXES[COMMUNICATION]
+)
 UNDER_LINK = 0.5
 """Bus bandwidth under this share of the link's rate is not the link's rate at work."""
 UNDER_LINK_FIX = (
@@ -400,7 +404,10 @@ def _verdict(
     elif top == COMMUNICATION and evidence.bandwidth is not None:
         detail = "; " + evidence.bandwidth.sentence()
         fraction = evidence.bandwidth.link_fraction
-        fix = NETWORK_FIX if fraction is None or fraction >= UNDER_LINK else UNDER_LINK_FIX
+        if evidence.bandwidth.scope == INTRA:
+            fix = INTRA_FIX
+        else:
+            fix = NETWORK_FIX if fraction is None or fraction >= UNDER_LINK else UNDER_LINK_FIX
     if shares[top] < MAJORITY:
         rest = ", ".join(
             f"{k.replace('_', ' ')} {v:.1f} ms"

@@ -261,19 +261,30 @@ class BandwidthChange:
     before_scope: str | None = None
 
     def sentence(self) -> str:
-        a = f"{self.after_busbw_gb_s:.1f} GB/s"
+        a = gb_s(self.after_busbw_gb_s)
         if self.before_busbw_gb_s is None:
             text = f"{_where(self.scope)}{self.op} bus bandwidth {a}"
         elif self.before_scope not in (None, self.scope):
             text = (
-                f"{self.op} bus bandwidth {self.before_busbw_gb_s:.1f} GB/s {self.before_scope} "
+                f"{self.op} bus bandwidth {gb_s(self.before_busbw_gb_s)} {self.before_scope} "
                 f"→ {a} {self.scope}"
             )
         else:
-            text = f"{_where(self.scope)}{self.op} bus bandwidth {self.before_busbw_gb_s:.1f} → {a}"
+            text = (
+                f"{_where(self.scope)}{self.op} bus bandwidth {gb_s(self.before_busbw_gb_s)} → {a}"
+            )
         if self.link_fraction is not None and self.link_gbps:
             text += f", {self.link_fraction:.0%} of a {self.link_gbps:g} Gb/s link"
         return text
+
+
+def gb_s(value: float) -> str:
+    """A bandwidth as nccl-tests prints it (GB/s), in MB/s under 0.1 GB/s (gloo on loopback)."""
+    if value >= 10:
+        return f"{value:.1f} GB/s"
+    if value >= 0.1:
+        return f"{value:.2f} GB/s"
+    return f"{value * 1000:.2f} MB/s"
 
 
 def _where(scope: str) -> str:
