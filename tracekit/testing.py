@@ -225,10 +225,14 @@ class RequestBuilder:
         nbytes: int = 0,
         group: str = "default",
         background: bool = False,
+        group_size: int | None = None,
+        group_desc: str | None = None,
     ) -> SpanRef:
         """A ``communication`` span (one collective, number ``seq`` in ``group``).
 
         ``background``: launched while ``parent`` kept computing (a DDP bucket).
+        ``group_size``/``group_desc``: the process group's size and description, as the
+        instrumentation writes them where torch knows them (absent by default).
         """
         attrs: dict[str, Any] = {
             cv.COMM_OP: op,
@@ -238,6 +242,10 @@ class RequestBuilder:
         }
         if background:
             attrs[cv.COMM_ASYNC] = True
+        if group_size is not None:
+            attrs[cv.COMM_GROUP_SIZE] = group_size
+        if group_desc is not None:
+            attrs[cv.COMM_GROUP_DESC] = group_desc
         return self.stage(
             cv.COMMUNICATION,
             start_ms=start_ms,

@@ -99,7 +99,9 @@ def transfer_times(instances: list[CommInstance]) -> dict[tuple[str, int], list[
         prev_end: int | None = None
         for c in mine:
             begin = last[(c.group, c.seq)]
-            if prev_end is not None:
+            # Queued behind the previous one only if that one ended first: NCCL runs a
+            # group's collectives in order, gloo on several worker threads at once.
+            if prev_end is not None and prev_end < c.end:
                 begin = max(begin, prev_end)
             if c.end > begin:
                 out[(c.group, c.seq)].append(c.end - begin)
@@ -131,7 +133,7 @@ def collective_table(
     for (group, _seq), ranks in per_coll.items():
         group_hosts[group] |= {c.host for c in ranks}
         sizes = [c.group_size for c in ranks if c.group_size]
-        n = max(sizes) if sizes else (world if group == "default" else len(ranks))
+        n = group_size(group, sizes, len(ranks), world)
         group_n[group] = max(group_n.get(group, 0), n)
     rows: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
     descs: dict[str, str | None] = {}
@@ -143,7 +145,8 @@ def collective_table(
         c0 = ranks[0]
         nbytes = float(np.median(sizes))
         rows[(c0.op, c0.group, _size_class(nbytes))].append((nbytes, float(np.median(t))))
-        descs.setdefault(c0.group, next((c.group_desc for c in ranks if c.group_desc), None))
+        if not descs.get(c0.group):
+            descs[c0.group] = next((c.group_desc for c in ranks if c.group_desc), None)
     peak = link_gbps / 8.0 if link_gbps else None
     out = []
     for (op, group, _cls), vals in sorted(
@@ -209,7 +212,14 @@ def group_role(group: str, desc: str | None, ops: list[str]) -> str:
     return "other"
 
 
-def group_table(instances: list[CommInstance], steps: int) -> list[GroupComm]:
+def group_size(group: str, sizes: list[int], ranks_seen: int, world: int) -> int:
+    """A group's ``n``: as its spans say, else the world for ``default``, else the ranks seen."""
+    if sizes:
+        return max(sizes)
+    return world if group == "default" else ranks_seen
+
+
+def group_table(instances: list[CommInstance], steps: int, world: int) -> list[GroupComm]:
     """Communication per process group, per rank of the group and step (``steps`` kept)."""
     per: dict[str, list[CommInstance]] = defaultdict(list)
     for c in instances:
@@ -228,7 +238,7 @@ def group_table(instances: list[CommInstance], steps: int) -> list[GroupComm]:
             GroupComm(
                 group=group,
                 group_desc=desc,
-                group_size=max(sizes) if sizes else len(ranks),
+                group_size=group_size(group, sizes, len(ranks), world),
                 role=group_role(group, desc, ops),
                 ops=ops,
                 launched_under=max(under, key=lambda k: under[k]),

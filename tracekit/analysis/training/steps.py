@@ -351,9 +351,11 @@ def _host_offsets(rank_steps: list[_RankStep]) -> dict[str | None, int]:
     for per_host in ends.values():
         if ref not in per_host:
             continue
-        ref_end = statistics.median(per_host[ref])
+        # medians of Unix-ns times in float64 would lose ~100 ns: relative to the first
+        base = min(per_host[ref])
+        ref_end = statistics.median([e - base for e in per_host[ref]])
         for h, es in per_host.items():
-            diffs[h].append(statistics.median(es) - ref_end)
+            diffs[h].append(statistics.median([e - base for e in es]) - ref_end)
     return {h: int(statistics.median(diffs[h])) if diffs.get(h) else 0 for h in hosts}
 
 
@@ -500,7 +502,7 @@ def _summarise(
         warmup_steps=skip,
         flags=flags,
         collectives=bw.collective_table(instances, world, link_gbps),
-        groups=bw.group_table(instances, len(kept)),
+        groups=bw.group_table(instances, len(kept), world),
         link_gbps=link_gbps,
         step_times_ms=step_ms,
         component_steps_ms=comp_steps,
