@@ -14,23 +14,40 @@ BASE_NS = 1_700_000_000_000_000_000
 class Profile:
     """Events of one rank with times in µs after the profile's start."""
 
-    def __init__(self, rank: int | None = 0, world: int = 2, backend: str = "nccl") -> None:
+    def __init__(
+        self,
+        rank: int | None = 0,
+        world: int = 2,
+        backend: str = "nccl",
+        pg_config: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.rank = rank
         self.world = world
         self.backend = backend
+        self.pg_config = pg_config
+        """``distributedInfo.pg_config``: pg_name, pg_desc, backend_config, pg_size, ranks."""
         self.events: list[dict[str, Any]] = []
         self._corr = 0
 
     def cpu(
-        self, name: str, ts: float, dur: float, cat: str = "user_annotation", **args: Any
+        self,
+        name: str,
+        ts: float,
+        dur: float,
+        cat: str = "user_annotation",
+        *,
+        pid: int = 100,
+        tid: int = 100,
+        **args: Any,
     ) -> None:
+        """A host event (a ``record_function`` block by default) on thread ``tid``."""
         self.events.append(
             {
                 "ph": "X",
                 "cat": cat,
                 "name": name,
-                "pid": 100,
-                "tid": 100,
+                "pid": pid,
+                "tid": tid,
                 "ts": ts,
                 "dur": dur,
                 "args": args,
@@ -82,7 +99,7 @@ class Profile:
             ev = dict(ev)
             ev["ts"] = ev["ts"] + shift
             events.append(ev)
-            if ev["cat"] == "cuda_runtime":
+            if ev["cat"] == "cuda_runtime" and "correlation" in ev["args"]:
                 corr = ev["args"]["correlation"]
                 events.append(
                     {
@@ -102,6 +119,8 @@ class Profile:
                 "rank": self.rank,
                 "world_size": self.world,
             }
+            if self.pg_config is not None:
+                doc["distributedInfo"]["pg_config"] = self.pg_config
         doc["traceEvents"] = events
         doc["traceName"] = "test"
         if not absolute:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -121,6 +123,12 @@ def test_absolute_and_relative_layouts_give_the_same_times(tmp_path):
         ("ReduceScatter", "reduce_scatter"),
         ("all_to_all", "all_to_all"),
         ("broadcast", "broadcast"),
+        ("_allgather_base", "all_gather"),
+        ("allgather_into_tensor_coalesced", "all_gather"),
+        ("_reduce_scatter_base", "reduce_scatter"),
+        ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
+        ("allreduce_coalesced", "all_reduce"),
+        ("alltoall_base", "all_to_all"),
     ],
 )
 def test_collective_names_are_one_vocabulary(raw, op):
@@ -134,6 +142,22 @@ def test_nanosecond_fractions_are_exact():
     assert ks.us_to_ns("1.5e3") == 1_500_000
     assert ks.us_to_ns(12) == 12_000
     assert ks.us_to_ns("x") is None
+
+
+@pytest.mark.parametrize("bad", ["Infinity", "-Infinity", "NaN", "1e400", "123456789012345678901"])
+def test_a_time_that_is_no_finite_64_bit_number_costs_its_event_not_the_file(tmp_path, bad):
+    # json reads Infinity/NaN as floats and 1e400 as text: none may crash the ingest
+    f = three_steps().write(tmp_path / "r.json")
+    text = f.read_text()
+    head, sep, tail = text.partition('"traceEvents": [')
+    poisoned = f'{{"ph": "X", "cat": "kernel", "name": "k", "ts": {bad}, "dur": 5, '
+    poisoned += '"args": {"stream": 7}}, '
+    f.write_text(head + sep + poisoned + tail)
+    with open_store(tmp_path / "s.duckdb") as store:
+        report = ingest_paths(store, [f], version="v")
+        steps = store.con.execute("SELECT count(*) FROM spans WHERE name = 'train_step'").fetchone()
+    assert report.skipped == 0
+    assert steps == (3,)
 
 
 def test_stream_reader_matches_json_whatever_the_chunk_size(monkeypatch):
@@ -219,3 +243,87 @@ def test_timeline_idle_split_host_wait_kernel_wait_other():
     stream = np.ones(4, dtype=np.int64)
     assert tl.idle_split(start, end, stream, launch) == (80 * us, 5 * us, 90 * us)
     assert tl.union_ns(np.array([0, 5, 20]), np.array([10, 8, 30])) == 20
+
+
+# --- what collectives carry for bandwidth ----------------------------------------------
+
+KINETO = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "kineto"
+PG_CONFIG = [
+    {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": 8,
+     "ranks": list(range(8))},
+    {"pg_name": "3", "pg_desc": "tp", "backend_config": "cuda:nccl", "ranks": [0, 1, 2, 3]},
+    {"pg_name": "5", "pg_desc": "undefined", "backend_config": "cuda:nccl", "pg_size": 2,
+     "ranks": [0, 4]},
+]  # fmt: skip
+
+
+def comm_attributes(store) -> list[tuple[Any, ...]]:
+    keys = (cv.COMM_OP, cv.COMM_GROUP, cv.COMM_BYTES, cv.COMM_GROUP_SIZE, cv.COMM_GROUP_DESC)
+    cols = ", ".join(f"attributes->>'$.\"{k}\"'" for k in keys)
+    return store.run(f"SELECT {cols} FROM spans WHERE stage = 'communication' ORDER BY start_ns")
+
+
+def test_collectives_carry_nccl_tests_bytes_group_size_and_description(tmp_path):
+    p = Profile(rank=0, world=8, pg_config=PG_CONFIG)
+    p.cpu("ProfilerStep#1", 0, 6000)
+    calls = [  # (kernel, record_param_comms args or None, the kernel's own args)
+        ("ncclDevKernel_AllGather_RING_LL", {
+            "Collective name": "_allgather_base", "In msg nelems": 1000, "Out msg nelems": 8000,
+            "dtype": "BFloat16", "Group size": 8, "Process Group Name": "0",
+            "Process Group Description": "default_pg"}, {}),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", {
+            "Collective name": "_reduce_scatter_base", "In msg nelems": 8000,
+            "Out msg nelems": 1000, "dtype": "Float", "Process Group Name": "3",
+            "Process Group Description": "undefined"}, {}),
+        ("ncclDevKernel_AllReduce_Sum_f16_RING_LL", {
+            "Collective name": "allreduce", "In msg nelems": 500, "Out msg nelems": 500,
+            "dtype": "Half", "Process Group Name": "5"}, {}),
+        ("ncclDevKernel_Broadcast_RING_LL", {
+            "Collective name": "broadcast", "In msg nelems": 10, "dtype": "Long"}, {}),
+        ("ncclDevKernel_SendRecv", None, {  # newer files: the kernel's own args
+            "Collective name": "all_to_all", "In msg nelems": 300, "Out msg nelems": 300,
+            "dtype": "Float8_e4m3fn", "Group size": 4, "Process Group Name": "3"}),
+    ]  # fmt: skip
+    for i, (kernel, meta, own) in enumerate(calls):
+        t = 100.0 + 1000 * i
+        if meta is not None:
+            p.cpu("record_param_comms", t - 1, 5, cat="cpu_op", **meta)
+        p.kernel(f"{kernel}(ncclDevComm*, unsigned long, ncclWork*)", t, t + 10, 100, 20, **own)
+    with open_store(":memory:") as s:
+        ingest_paths(s, [p.write(tmp_path / "r.json")], version="v")
+        assert comm_attributes(s) == [
+            # all_gather: the whole output; reduce_scatter: the whole input (nccl-tests)
+            ("all_gather", "default", "16000", "8", "default_pg"),
+            # no Group size: pg_config's ranks; an undefined description: pg_config's
+            ("reduce_scatter", "3", "32000", "4", "tp"),
+            ("all_reduce", "5", "1000", "2", None),  # pg_config's desc is undefined too
+            ("broadcast", "default", "80", "8", None),  # no group named: the world
+            ("all_to_all", "3", "300", "4", "tp"),
+        ]
+
+
+def test_corpus_collectives_carry_what_their_record_param_comms_hold():
+    if not KINETO.is_dir():
+        pytest.skip(f"kineto corpus not found at {KINETO}")
+    # nccl_parser_config: In = Out msg nelems everywhere; Float 4 B, Long 8 B; Group size
+    # 2 and Process Group Description default_pg on every NCCL kernel.
+    # ns_resolution: host collectives (world of 1), their record_param_comms inside the
+    # c10d call; Group size 1, no description.
+    expected = {
+        "hta_nccl_parser_config_nccl_data.json.gz": ("2", "default_pg"),
+        "hta_ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ("1", None),
+    }
+    for name, (size, desc) in expected.items():
+        with open_store(":memory:") as s:
+            ingest_paths(s, [KINETO / name], version="v")
+            rows = comm_attributes(s)
+        assert {(op, nbytes) for op, _, nbytes, _, _ in rows} == {
+            ("all_reduce", str(2049000 * 4)),
+            ("all_reduce", str(2431040 * 4)),
+            ("all_reduce", str(6563840 * 4)),
+            ("all_reduce", str(6637568 * 4)),
+            ("all_reduce", str(7875584 * 4)),
+            ("broadcast", str(53120 * 4)),
+            ("broadcast", str(53 * 8)),
+        }, name
+        assert {(group, s, d) for _, group, _, s, d in rows} == {("default", size, desc)}, name

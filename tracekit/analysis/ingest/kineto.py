@@ -3,7 +3,10 @@
     result = read_kineto(path, gz, origin, version="8gpu", comm_pattern=None)
 
 A rank file maps onto docs/design.md's "Training steps": each ``ProfilerStep#N`` becomes a
-``train_step`` root span (its own trace, ``tracekit.step`` = N), host annotations become
+``train_step`` root span (its own trace, ``tracekit.step`` = N); a profile without them
+(no ``torch.profiler.schedule``) has as windows its top-level ``record_function``
+blocks, else the whole trace, numbered 0, 1, … (``tracekit.step.window`` names the
+window; :func:`_windows`). Host annotations become
 stage spans under it (``enumerate(DataLoader)#…`` → ``data_wait``, ``Optimizer.*`` →
 ``optimizer``, annotated forward/backward), and each collective a ``communication``
 span under the stage during which it was launched, numbered per process group
@@ -33,7 +36,7 @@ from tracekit import conventions as cv
 from tracekit.analysis.ingest import detect
 from tracekit.analysis.ingest import kineto_comm as comm
 from tracekit.analysis.ingest import kineto_timeline as tl
-from tracekit.analysis.ingest.kineto_events import EventSink, Interval
+from tracekit.analysis.ingest.kineto_events import EventSink, Extent, Interval
 from tracekit.analysis.ingest.kineto_stream import KinetoFormatError, KinetoStream
 from tracekit.analysis.ingest.rows import Origin, Resource, make_row
 from tracekit.analysis.store import Store
@@ -46,6 +49,13 @@ SERVICE = "pytorch"
 
 RANK_STEP = -1
 """``kineto_gpu.step`` of a rank's whole-profile row (HTA's window)."""
+
+STEP_WINDOW = "tracekit.step.window"
+"""Step span of a profile without ``ProfilerStep``: what its window is, the top-level
+``record_function`` block's name or :data:`WHOLE_TRACE`."""
+
+WHOLE_TRACE = "whole trace"
+""":data:`STEP_WINDOW` of the one step of a profile with no step and no annotation."""
 
 _HEAD = re.compile(r'\s*\{\s*"(schemaVersion|traceEvents|deviceProperties|distributedInfo)"')
 _ABSOLUTE_NS = 10**17
@@ -97,11 +107,20 @@ def read_kineto(
     is skipped (one run label, one profile per rank).
     """
     sink = EventSink(comm_pattern)
+    extent: tuple[int, int] | None = None
     try:
         with detect.open_text(path, gz) as fh:
             stream = KinetoStream(fh)
             for ev in stream.events():
                 sink.add(ev)
+        if not sink.steps and not sink.top_level_annotations():
+            # The whole trace is the window: a second pass finds its ends, so that the
+            # first (every file's) converts no time it does not keep.
+            ends = Extent()
+            with detect.open_text(path, gz) as fh:
+                for ev in KinetoStream(fh).events():
+                    ends.add(ev)
+            extent = ends.bounds()
     except KinetoFormatError as exc:
         origin.log.add(
             origin.display,
@@ -119,7 +138,7 @@ def read_kineto(
             skipped=1,
         )
         return None
-    result = _build(sink, stream.meta, origin, version)
+    result = _build(sink, stream.meta, origin, version, extent)
     for other in earlier or []:
         if other.rank == result.rank:
             origin.log.add(
@@ -134,7 +153,11 @@ def read_kineto(
 
 
 def _build(
-    sink: EventSink, meta: dict[str, Any], origin: Origin, version: str | None
+    sink: EventSink,
+    meta: dict[str, Any],
+    origin: Origin,
+    version: str | None,
+    extent: tuple[int, int] | None,
 ) -> KinetoResult:
     dist = meta.get("distributedInfo")
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
@@ -162,16 +185,29 @@ def _build(
         resource_attrs[cv.HOST_NAME] = host_name
     resource = Resource.from_attributes(resource_attrs)
     identity = f"kineto|{version}|{rank}|{sink.main_pid}|{first + offset}"
-    steps = sorted(sink.steps, key=lambda s: s[1].start)
+    profiled = sorted(sink.steps, key=lambda s: s[1].start)
+    steps = profiled or _windows(sink, extent)
     res.steps = len(steps)
-    builder = _SpanBuilder(origin, resource, identity, offset, steps, rank, world)
+    builder = _SpanBuilder(
+        origin, resource, identity, offset, steps, rank, world, windows=not profiled
+    )
     for stage, iv in sorted(sink.stages, key=lambda s: s[1].start):
         builder.stage(stage, iv)
-    for c in comm.collectives(sink, comm.default_groups(dist)):
+    for c in comm.collectives(sink, comm.ProcessGroups.from_dist(dist, world)):
         builder.collective(c)
     res.rows = builder.rows
-    res.figures = _figures(sink, steps)
+    res.figures = _figures(sink, steps, profiler_steps=len(profiled))
     return res
+
+
+def _windows(sink: EventSink, extent: tuple[int, int] | None) -> list[tuple[int, Interval]]:
+    """Step windows of a profile without ``ProfilerStep``, numbered from 0 by start:
+    each top-level ``record_function`` block of the main process, else the whole trace
+    (first event start to last end, host or device)."""
+    blocks = sink.top_level_annotations()
+    if blocks:
+        return [(n, Interval(iv.name, iv.start, iv.end)) for n, iv in enumerate(blocks)]
+    return [] if extent is None else [(0, Interval(WHOLE_TRACE, *extent))]
 
 
 # --- spans --------------------------------------------------------------------------
@@ -193,7 +229,10 @@ class _SpanBuilder:
         steps: list[tuple[int, Interval]],
         rank: int,
         world: int,
+        *,
+        windows: bool = False,
     ) -> None:
+        """``windows``: the steps are :func:`_windows` (their name is the window)."""
         self.origin = origin
         self.resource = resource
         self.offset = offset
@@ -205,7 +244,9 @@ class _SpanBuilder:
         """Per step: (start, end, span id) of its stage spans."""
         self.seq = 0
         for i, (n, iv) in enumerate(steps):
-            attrs = {cv.STEP: n, cv.RANK: rank, cv.WORLD_SIZE: world}
+            attrs: dict[str, Any] = {cv.STEP: n, cv.RANK: rank, cv.WORLD_SIZE: world}
+            if windows:
+                attrs[STEP_WINDOW] = iv.name
             self._row(i, _hex(self.trace_ids[i] + "root", 8), None, cv.STEP_SPAN_NAME, iv, attrs)
 
     def _step_at(self, ts: int) -> int | None:
@@ -286,6 +327,10 @@ class _SpanBuilder:
         }
         if c.nbytes is not None:
             attrs[cv.COMM_BYTES] = c.nbytes
+        if c.group_size is not None:
+            attrs[cv.COMM_GROUP_SIZE] = c.group_size
+        if c.group_desc is not None:
+            attrs[cv.COMM_GROUP_DESC] = c.group_desc
         if c.is_async:
             attrs[cv.COMM_ASYNC] = True
         if c.device_ns is not None:
@@ -298,7 +343,9 @@ class _SpanBuilder:
 # --- GPU time line -------------------------------------------------------------------
 
 
-def _figures(sink: EventSink, steps: list[tuple[int, Interval]]) -> list[tuple[int, tl.GpuFigures]]:
+def _figures(
+    sink: EventSink, steps: list[tuple[int, Interval]], *, profiler_steps: int
+) -> list[tuple[int, tl.GpuFigures]]:
     if not len(sink.dev_start):
         return []
     start = np.frombuffer(sink.dev_start, dtype=np.int64)
@@ -307,10 +354,11 @@ def _figures(sink: EventSink, steps: list[tuple[int, Interval]]) -> list[tuple[i
     kind = np.frombuffer(sink.dev_kind, dtype=np.int8)
     launch = sink.launch_times()
     out: list[tuple[int, tl.GpuFigures]] = []
-    # HTA's window: with two or more steps, the ops launched before the last step began
-    # (the last one is often cut short when the profiler stops); else every op.
+    # HTA's window: with two or more ProfilerSteps, the ops launched before the last
+    # one began (it is often cut short when the profiler stops); else every op (HTA
+    # knows no other windows).
     keep = launch >= 0
-    if len(steps) >= 2:
+    if profiler_steps >= 2:
         keep &= launch < max(iv.start for _, iv in steps)
     else:
         keep = np.ones(start.size, dtype=bool)

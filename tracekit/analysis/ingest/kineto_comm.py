@@ -6,6 +6,10 @@ come from its args or the enclosing ``record_param_comms``. On the host (gloo, o
 with no kernel in the file) each ``gloo:<op>``/``nccl:<op>`` annotation is one, paired
 in order with the ``c10d::<op>`` calls that launched it. ``seq`` numbers them per
 process group in launch order, as every rank launches them (docs/kineto.md).
+
+What a bandwidth figure needs comes with each: the bytes in nccl-tests' "size"
+convention (:func:`_nbytes`), and the group's size and description, from the args or
+else from ``distributedInfo.pg_config`` (:class:`ProcessGroups`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,17 @@ _DTYPE_BYTES = {
     "float": 4, "float32": 4, "int": 4, "int32": 4, "half": 2, "float16": 2,
     "bfloat16": 2, "double": 8, "float64": 8, "long": 8, "int64": 8, "short": 2,
     "int16": 2, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8, "complexhalf": 4, "complexfloat": 8,
+    "complexdouble": 16, "float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2fnuz": 1,
+    "float8_e4m3fnuz": 1,
 }  # fmt: skip
+"""Bytes per element, by the lower-cased ``dtype`` (c10's ScalarType names: ``Float``,
+``BFloat16``, ``Long``…) or ``Input type`` (``float``, ``c10::BFloat16``…)."""
+_UNDEFINED = "undefined"
+"""``pg_desc`` / ``Process Group Description`` of a group created without one."""
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_VARIANT = re.compile(r"(_into)?(_tensor)?(_coalesced)?(_base)?$")
+"""Suffixes of ProcessGroup's variants of one collective (``Collective name``)."""
 _KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 
 
@@ -44,22 +57,84 @@ class Collective:
     is_async: bool
     device_ns: int | None = None
     seq: int = 0
+    group_size: int | None = None
+    group_desc: str | None = None
 
 
-def default_groups(dist: Any) -> set[str]:
+@dataclass
+class ProcessGroups:
+    """What ``distributedInfo`` says of the file's process groups."""
+
+    defaults: set[str]
     """Names of the default (world) process group: reported as ``default``."""
-    names = {"default_pg"}
-    if isinstance(dist, dict):
-        for pg in dist.get("pg_config") or []:
-            if isinstance(pg, dict) and pg.get("pg_desc") == "default_pg":
-                names.add(str(pg.get("pg_name")))
-    return names
+    sizes: dict[str, int]
+    """``pg_config``: ranks in each group, by ``pg_name``."""
+    descs: dict[str, str]
+    """``pg_config``: each group's ``pg_desc``, by ``pg_name`` (none when undefined)."""
+    world: int
+
+    @classmethod
+    def from_dist(cls, dist: Any, world: int) -> ProcessGroups:
+        groups = cls({"default_pg"}, {}, {}, world)
+        configs = dist.get("pg_config") if isinstance(dist, dict) else None
+        for pg in configs if isinstance(configs, list) else []:
+            if not isinstance(pg, dict) or pg.get("pg_name") is None:
+                continue
+            name, desc = str(pg["pg_name"]), pg.get("pg_desc")
+            if desc == "default_pg":
+                groups.defaults.add(name)
+            if isinstance(desc, str) and desc and desc != _UNDEFINED:
+                groups.descs[name] = desc
+            ranks = pg.get("ranks")
+            if (size := _count(pg.get("pg_size"))) is not None:
+                groups.sizes[name] = size
+            elif isinstance(ranks, list) and ranks:
+                groups.sizes[name] = len(ranks)
+        return groups
+
+    def group(self, args: dict[str, Any]) -> str:
+        """The name that matches a collective across ranks (``default`` for the world)."""
+        name = args.get("Process Group Name")
+        if (
+            name is None
+            or str(name) in self.defaults
+            or args.get("Process Group Description") == "default_pg"
+        ):
+            return DEFAULT_GROUP
+        return str(name)
+
+    def size(self, args: dict[str, Any], group: str) -> int | None:
+        """The ``Group size`` arg, else the group's ``pg_config`` size, else for the
+        default group the world size."""
+        if (n := _count(args.get("Group size"))) is not None:
+            return n
+        name = args.get("Process Group Name")
+        if name is not None and str(name) in self.sizes:
+            return self.sizes[str(name)]
+        return self.world if group == DEFAULT_GROUP else None
+
+    def desc(self, args: dict[str, Any]) -> str | None:
+        """``Process Group Description`` unless undefined, else the group's ``pg_desc``."""
+        desc = args.get("Process Group Description")
+        if isinstance(desc, str) and desc and desc != _UNDEFINED:
+            return desc
+        name = args.get("Process Group Name")
+        return self.descs.get(str(name)) if name is not None else None
+
+
+def _count(value: Any) -> int | None:
+    """A positive count written as an int (or its digits)."""
+    if type(value) is str and value.isdigit():
+        value = int(value)
+    return value if type(value) is int and value > 0 else None
 
 
 def op_name(text: str) -> str:
-    """``allreduce``/``all_reduce``/``AllReduce`` → ``all_reduce``."""
+    """``allreduce``/``all_reduce``/``AllReduce`` → ``all_reduce``; PyTorch's variants of
+    one collective (``_allgather_base``, ``allgather_into_tensor_coalesced``,
+    ``alltoall_base``) → the collective (``all_gather``, ``all_to_all``)."""
     text = text.strip()
-    snake = _CAMEL.sub("_", text).lower()
+    snake = _VARIANT.sub("", _CAMEL.sub("_", text).lower().strip("_"))
     fixed = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
     for glued, spaced in fixed.items():
         if snake.startswith(glued):
@@ -69,29 +144,24 @@ def op_name(text: str) -> str:
     return snake.rstrip("_")
 
 
+def _dtype_size(dtype: Any) -> int | None:
+    return _DTYPE_BYTES.get(str(dtype).lower().removeprefix("c10::"))
+
+
 def _nbytes(args: dict[str, Any]) -> int | None:
-    size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
-    n = args.get("In msg nelems")
-    if size and isinstance(n, int):
-        return n * size
+    """Bytes as nccl-tests' "size": all_gather's whole output, reduce_scatter's whole
+    input, else the buffer: the larger of the in and out element counts × dtype size."""
+    size = _dtype_size(args.get("dtype"))
+    counts = [n for key in _NELEMS if type(n := args.get(key)) is int and n >= 0]
+    if size and counts:
+        return max(counts) * size
     dims = args.get("Input Dims")
     types = args.get("Input type")
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list):
-        size = _DTYPE_BYTES.get(str(types[0]).lower()) if types else None
+        size = _dtype_size(types[0]) if types else None
         if size and all(isinstance(d, int) for d in dims[0]):
             return int(np.prod(dims[0], dtype=np.int64)) * size
     return None
-
-
-def _group(args: dict[str, Any], defaults: set[str]) -> str:
-    name = args.get("Process Group Name")
-    if (
-        name is None
-        or str(name) in defaults
-        or args.get("Process Group Description") == "default_pg"
-    ):
-        return DEFAULT_GROUP
-    return str(name)
 
 
 def _enclosing(ops: list[Interval], starts: list[int], ts: int) -> Interval | None:
@@ -104,7 +174,29 @@ def _enclosing(ops: list[Interval], starts: list[int], ts: int) -> Interval | No
     return None
 
 
-def collectives(sink: EventSink, defaults: set[str]) -> list[Collective]:
+def _inside(ops: list[Interval], starts: list[int], outer: Interval) -> Interval | None:
+    """The first op of ``ops`` (sorted by start) that runs inside ``outer``, on its thread."""
+    i = bisect.bisect_left(starts, outer.start)
+    while i < len(ops) and starts[i] <= outer.end:
+        if ops[i].tid == outer.tid and ops[i].end <= outer.end:
+            return ops[i]
+        i += 1
+    return None
+
+
+def _collective(groups: ProcessGroups, args: dict[str, Any], **fields: Any) -> Collective:
+    """A collective with what its args (and ``pg_config``) say of bytes and group."""
+    group = groups.group(args)
+    return Collective(
+        group=group,
+        nbytes=_nbytes(args),
+        group_size=groups.size(args, group),
+        group_desc=groups.desc(args),
+        **fields,
+    )
+
+
+def collectives(sink: EventSink, groups: ProcessGroups) -> list[Collective]:
     """One entry per collective, in launch order, numbered per process group."""
     meta_ops = sorted(
         (o for o in sink.launches if o.name == "record_param_comms"), key=lambda o: o.start
@@ -122,13 +214,13 @@ def collectives(sink: EventSink, defaults: set[str]) -> list[Collective]:
             m = _KERNEL_OP.search(k.name)
             raw_op = args.get("Collective name") or (m.group(1) if m else k.name.split("(")[0])
             out.append(
-                Collective(
+                _collective(
+                    groups,
+                    args,
                     op=op_name(str(raw_op)),
                     launch=min(at, start),
                     end=end,
-                    group=_group(args, defaults),
                     backend="nccl" if "nccl" in k.name.lower() else "custom",
-                    nbytes=_nbytes(args),
                     is_async=True,
                     device_ns=end - start,
                 )
@@ -147,17 +239,20 @@ def collectives(sink: EventSink, defaults: set[str]) -> list[Collective]:
         for n, run in enumerate(runs):
             backend, _, op = run.name.partition(":")
             call = calls[n] if paired else None
-            host = _enclosing(meta_ops, meta_starts, call.start if call else run.start)
+            # The call's own record_param_comms runs inside it (and around NCCL's run).
+            host = (call and _inside(meta_ops, meta_starts, call)) or _enclosing(
+                meta_ops, meta_starts, call.start if call else run.start
+            )
             args = dict(host.args) if host is not None else {}
             args.update(run.args)
             out.append(
-                Collective(
+                _collective(
+                    groups,
+                    args,
                     op=op_name(op),
                     launch=min(call.start, run.start) if call else run.start,
                     end=max(run.end, call.end) if call else run.end,
-                    group=_group(args, defaults),
                     backend=backend,
-                    nbytes=_nbytes(args),
                     is_async=call is not None and call.end < run.end,
                 )
             )
@@ -169,6 +264,15 @@ def collectives(sink: EventSink, defaults: set[str]) -> list[Collective]:
     return out
 
 
+_NELEMS = ("In msg nelems", "Out msg nelems")
 _COMM_KEYS = frozenset(
-    {"Collective name", "In msg nelems", "dtype", "Process Group Name", "Process Group Description"}
+    {
+        "Collective name",
+        *_NELEMS,
+        "dtype",
+        "Group size",
+        "Process Group Name",
+        "Process Group Description",
+    }
 )
+"""Args a communication kernel may carry itself; they override ``record_param_comms``'s."""

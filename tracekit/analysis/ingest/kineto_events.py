@@ -4,13 +4,17 @@
 :class:`~tracekit.analysis.ingest.kineto_stream.KinetoStream`) and keeps only:
 ``ProfilerStep#N`` and stage annotations, the host side of collectives, the launch
 time of every correlated host event, and each device op as a few integers in compact
-arrays (about 50 bytes an op, never the event itself). Timestamps stay as the file
-wrote them (µs, relative or absolute) converted to integer ns; the file's
-``baseTimeNanoseconds`` comes last, so :mod:`.kineto` adds it at the end.
+arrays (about 50 bytes an op, never the event itself); and the host's
+``user_annotation`` blocks, the step windows of a profile without ``ProfilerStep``
+(:meth:`EventSink.top_level_annotations`). :class:`Extent` finds a file's first start
+and last end, for a profile with neither (a second pass, so that this one stays lean).
+Timestamps stay as the file wrote them (µs, relative or absolute) converted to integer
+ns; the file's ``baseTimeNanoseconds`` comes last, so :mod:`.kineto` adds it at the end.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
@@ -37,6 +41,8 @@ _HTA_OTHER = re.compile(r".*Memcpy|Memset|.*Sync")
 """Kernels HTA counts as neither compute nor communication nor memory."""
 STEP_NAME = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _HOST_COLLECTIVE = re.compile(r"(gloo|nccl|mpi|ucc):([A-Za-z_]+)")
+_NEAR_US = 8.0
+"""µs: far more than a float's error on a µs timestamp (0.25 µs at 2e15 µs, 2033)."""
 
 
 def kernel_kind(name: str, cat: str, comm: re.Pattern[str] | None) -> int:
@@ -104,6 +110,9 @@ class EventSink:
         self.dev_corr = array("q")
         self.host_corr = array("q")
         self.host_ts = array("q")
+        self.annotations: list[tuple[Any, Interval]] = []
+        """(pid, interval) of each host ``user_annotation`` (record_function block) seen
+        before the first ``ProfilerStep``."""
         self.pids: dict[Any, int] = {}
         self.first_ns: int | None = None
         self.skipped = 0
@@ -148,12 +157,19 @@ class EventSink:
             kept = "collective"
         elif name.startswith(("c10d::", "record_param_comms")):
             kept = "launch"
+        elif cat == "user_annotation" and not self.steps:
+            kept = "annotation"
         else:
             return
         times = self._times(ev)
         if times is None:
             return
         iv = Interval(name, times[0], times[1], _id(ev.get("tid")), args)
+        # Windows of a profile without ProfilerStep (kept only until one is seen).
+        if cat == "user_annotation" and not self.steps:
+            self.annotations.append((pid, iv))
+            if kept == "annotation":
+                return
         if kept == "step":
             self.steps.append((int(m.group(1)), iv))  # type: ignore[union-attr]
         elif kept == "stage":
@@ -162,6 +178,24 @@ class EventSink:
             self.host_collectives.append(iv)
         else:
             self.launches.append(iv)
+
+    def top_level_annotations(self) -> list[Interval]:
+        """The main process's ``user_annotation`` blocks not nested in another of their
+        thread, that tracekit reads as nothing else (not a step, stage or collective);
+        by start time."""
+        main = self.main_pid
+        by_thread: dict[Any, list[Interval]] = {}
+        for pid, iv in self.annotations:
+            if pid == main:
+                by_thread.setdefault(iv.tid, []).append(iv)
+        out = []
+        for ivs in by_thread.values():
+            reach = -math.inf
+            for iv in sorted(ivs, key=lambda iv: (iv.start, -iv.end)):
+                if iv.start >= reach and _plain(iv.name):
+                    out.append(iv)
+                reach = max(reach, iv.end)
+        return sorted(out, key=lambda iv: (iv.start, -iv.end))
 
     def _times(self, ev: dict[str, Any]) -> tuple[int, int] | None:
         start = us_to_ns(ev.get("ts"))
@@ -210,6 +244,78 @@ class EventSink:
     def main_pid(self) -> Any:
         """The host process most events came from."""
         return max(self.pids, key=lambda p: self.pids[p]) if self.pids else None
+
+
+class Extent:
+    """The first start and last end of a file's complete events, host or device (not
+    the profiler's own footer span).
+
+    Converting every event's times exactly would cost more than the ingest's whole
+    first pass; each is screened with floats instead, and only those within
+    :data:`_NEAR_US` of the extreme so far are kept and converted exactly at the end.
+    """
+
+    def __init__(self) -> None:
+        self._first = _Nearest()
+        self._last = _Nearest()
+
+    def add(self, ev: Any) -> None:
+        # Kineto's footer span (``cat: Trace``) is the profiler's session, not an event.
+        if type(ev) is not dict or ev.get("ph") != "X" or ev.get("cat") == "Trace":
+            return
+        ts: Any = ev.get("ts")
+        dur: Any = ev.get("dur", 0)
+        try:
+            lo = float(ts)
+            hi = lo + abs(float(dur))  # abs: a superset of the candidates
+        except (TypeError, ValueError):
+            return
+        if math.isfinite(hi):
+            self._first.offer(-lo, (ts, 0))
+            self._last.offer(hi, (ts, dur))
+
+    def bounds(self) -> tuple[int, int] | None:
+        """(first start, last end) in file-relative ns, exact; None without events."""
+        firsts = [t for t, _ in map(_exact, self._first.raw()) if t is not None]
+        lasts = [t + e for t, e in map(_exact, self._last.raw()) if t is not None]
+        return (min(firsts), max(lasts)) if firsts and lasts else None
+
+
+class _Nearest:
+    """The values offered within :data:`_NEAR_US` of the largest so far (floats, µs)."""
+
+    def __init__(self) -> None:
+        self.best = -math.inf
+        self.items: list[tuple[float, tuple[Any, Any]]] = []
+        self.limit = 64
+
+    def offer(self, key: float, raw: tuple[Any, Any]) -> None:
+        if key > self.best - _NEAR_US:
+            self.items.append((key, raw))
+            self.best = max(key, self.best)
+            if len(self.items) > self.limit:  # drop those the best has left behind
+                cut = self.best - _NEAR_US
+                self.items = [item for item in self.items if item[0] > cut]
+                self.limit = max(64, 2 * len(self.items))
+
+    def raw(self) -> list[tuple[Any, Any]]:
+        return [raw for _, raw in self.items]
+
+
+def _exact(raw: tuple[Any, Any]) -> tuple[int | None, int]:
+    """(start, duration) in ns of an event's raw ``ts`` and ``dur``, as ``_times``."""
+    start, dur = us_to_ns(raw[0]), us_to_ns(raw[1])
+    return (None, 0) if start is None or dur is None else (start, max(dur, 0))
+
+
+def _plain(name: str) -> bool:
+    """An annotation that is no step, stage or collective (a step window's candidate)."""
+    return (
+        STEP_NAME.fullmatch(name) is None
+        and stage_of(name) is None
+        and not _HOST_COLLECTIVE.match(name)
+        and not name.startswith(("c10d::", "record_param_comms"))
+    )
 
 
 def _args(ev: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ float64 cannot hold; :func:`us_to_ns` converts them exactly.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
@@ -151,8 +152,17 @@ def us_to_ns(value: Any) -> int | None:
     """Microseconds (an int, or a float kept as decimal text) to integer nanoseconds.
 
     Exact to the nanosecond (digits past the third decimal are dropped); None for
-    anything that is not a number.
+    anything that is not a number, or not a finite one that fits 64 bits (``Infinity``,
+    ``NaN``, ``1e400``: hostile or damaged input must cost its event, not the file).
     """
+    ns = _to_ns(value)
+    return ns if ns is not None and -_MAX_NS <= ns <= _MAX_NS else None
+
+
+_MAX_NS = 1 << 62
+
+
+def _to_ns(value: Any) -> int | None:
     if type(value) is int:
         return value * 1000
     if type(value) is str:
@@ -164,8 +174,8 @@ def us_to_ns(value: Any) -> int | None:
                 return -magnitude if whole.startswith("-") else magnitude
         try:
             return int(Decimal(value) * 1000)
-        except (InvalidOperation, ValueError):
+        except (InvalidOperation, ValueError, OverflowError):
             return None
-    if type(value) is float:
+    if type(value) is float and math.isfinite(value):
         return int(round(value * 1000))
     return None
