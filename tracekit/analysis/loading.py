@@ -67,13 +67,20 @@ def ingest(
     service: str | None = None,
     since: str = "1h",
     limit: int = JAEGER_LIMIT,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | Callable[[int, int, str], None] | None = None,
+    jobs: int | None = None,
 ) -> IngestOutcome:
     """Read ``paths`` (files or directories), or pull ``service``'s traces from the Jaeger
     query service at ``jaeger``, into ``store``; then attribute the touched requests.
 
     Ingesting the same file twice stores nothing new. A problem that would skip input
-    is counted in the report (``strict``: raised at the first one).
+    is counted in the report (``strict``: raised at the first one). ``progress`` is told
+    after each file (:func:`~tracekit.analysis.ingest.ingest_paths`). ``jobs``: processes
+    that parse PyTorch-profiler rank files at once (default: the CPU cores this process
+    may use; 1: one after another, no process started); the store ends up the same
+    either way. They are started with multiprocessing's ``forkserver`` method, so a
+    script that calls this with more than one job needs the usual
+    ``if __name__ == "__main__":`` guard.
     """
     target = parse_store_url(str(store), table=table)
     if jaeger and not service:
@@ -96,6 +103,7 @@ def ingest(
                 strict=strict,
                 progress=progress,
                 comm_pattern=comm_pattern,
+                jobs=jobs,
             )
         touched = None if report.every_trace else report.trace_ids
         requests = int(per_request.refresh(staging, touched).requests)

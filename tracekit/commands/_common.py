@@ -70,7 +70,7 @@ def emit(result: Any, fmt: str) -> None:
 @contextmanager
 def progress_bar(
     label: str, *, enabled: bool | None = None, counts: bool = False
-) -> Iterator[Callable[[int, int], None]]:
+) -> Iterator[Callable[..., None]]:
     """A transient bar on stderr fed by ``(done, total)`` bytes (``counts``: items); a
     no-op off a terminal.
 
@@ -83,6 +83,7 @@ def progress_bar(
         yield lambda done, total: None
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -93,11 +94,14 @@ def progress_bar(
     )
 
     done_column = MofNCompleteColumn() if counts else DownloadColumn()
-    columns = (TextColumn(label), BarColumn(), done_column, TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), done_column, TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=None)
 
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=max(total, 1))
+        def advance(done: int, total: int, name: str | None = None) -> None:
+            # ``name``: the input just finished (a parallel ingest's files finish unordered)
+            shown = "".join(c if c.isprintable() else "?" for c in name or "")
+            desc = label if name is None else f"{label} {escape(shown)}"
+            bar.update(task, completed=done, total=max(total, 1), description=desc)
 
         yield advance

@@ -16,13 +16,15 @@ Read traces into the tracekit store (a DuckDB file), then attribute each request
 latency to stages. Formats are recognised from content: OTLP JSON or JSON lines
 (Collector file exporter, tracekit's exporter), gzip-compressed or not, Jaeger JSON
 (query API, single trace, span array, api_v3), PyTorch profiler (Kineto) traces, one
-file per rank (run label from --version), and directories of these. Ingesting
-the same file twice stores nothing new. Exit 0, or 2 when input had to be skipped.
+file per rank (run label from --version, parsed in --jobs processes at once), and
+directories of these. Ingesting the same file twice stores nothing new. Exit 0, or 2
+when input had to be skipped.
 
 examples:
   tracekit ingest traces.jsonl --version v2
   tracekit ingest exports/ --db perf.duckdb
   tracekit ingest profiles/8gpu/ --version 8gpu --comm-pattern 'deep_ep|all2all'
+  tracekit ingest profiles/64gpu/ --version 64gpu --jobs 8
   tracekit ingest exports/ --store clickhouse://default:@localhost:8123/otel   # otel_traces
   tracekit ingest --jaeger http://localhost:16686 --service ranker --since 2h
 """
@@ -50,6 +52,13 @@ def register(sub: Any) -> None:
         "--comm-pattern",
         metavar="REGEX",
         help="profiler files: kernels matching this are communication too (besides nccl)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="profiler files: parse N rank files at once, in N processes (default: the CPU "
+        "cores this process may use; 1: one after another)",
     )
     jaeger = parser.add_argument_group("pull from a running Jaeger")
     jaeger.add_argument(
@@ -81,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             since=args.since,
             limit=args.limit,
             progress=advance,
+            jobs=args.jobs,
         )
     code = INPUT_SKIPPED if outcome.report.skipped else 0
     outcome = dataclasses.replace(outcome, exit_code=code)

@@ -6,10 +6,11 @@ Jaeger into the store's ``spans`` table.
 
 Formats are recognised from content (:mod:`.detect`). Big OTLP JSON-lines files are
 parsed inside DuckDB (:mod:`.fast`); everything else, and every line the fast path
-finds odd, by the Python decoders (:mod:`.otlp`, :mod:`.jaeger`). Both stage rows in
-one temporary table that :func:`.staging.finalize` moves into ``spans``. Problems are
-counted and located (:mod:`.problems`); ``strict`` stops at the first that drops data.
-Ingest does not rebuild ``requests``: the caller runs ``attribution.refresh``.
+finds odd, by the Python decoders (:mod:`.otlp`, :mod:`.jaeger`); PyTorch-profiler rank
+files by :mod:`.kineto`, several at once in worker processes (:mod:`.parallel`). All
+stage rows in one temporary table that :func:`.staging.finalize` moves into ``spans``.
+Problems are counted and located (:mod:`.problems`); ``strict`` stops at the first that
+drops data. Ingest does not rebuild ``requests``: the caller runs ``attribution.refresh``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.analysis.ingest import deep, detect, fast, jaeger, kineto, otlp, staging
+from tracekit.analysis.ingest import deep, detect, fast, jaeger, kineto, otlp, parallel, staging
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, Problem, ProblemLog
 from tracekit.analysis.ingest.rows import Origin
@@ -38,19 +39,25 @@ def ingest_paths(
     *,
     version: str | None = None,
     strict: bool = False,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | Callable[[int, int, str], None] | None = None,
     comm_pattern: str | None = None,
+    jobs: int | None = None,
 ) -> IngestReport:
     """Read trace files and directories (recursively) into ``store``.
 
     ``version`` labels spans whose resource has no ``service.version`` (and is the run
-    label of PyTorch-profiler files); ``progress(bytes_done, bytes_total)`` is called after
-    each file (the CLI draws a bar from it; analysis never prints); ``comm_pattern`` is a regular expression for
-    device kernels that are communication besides NCCL's (profiler files). Raises
+    label of PyTorch-profiler files); ``progress(bytes_done, bytes_total)`` is called as
+    each file is done, ``progress(bytes_done, bytes_total, name)`` when it takes a third
+    argument (the CLI draws a bar from it; analysis never prints); ``comm_pattern`` is a
+    regular expression for device kernels that are communication besides NCCL's
+    (profiler files). ``jobs`` processes parse profiler rank files at once (default: the
+    CPU cores this process may use; 1: one after another in this process); what is
+    stored, and every problem, is the same either way (:mod:`.parallel`). Raises
     :class:`IngestError` for a path that does not exist, and with ``strict`` at the first
     problem that would drop data (nothing is stored then).
     """
     started = time.perf_counter()
+    workers = parallel.resolve_jobs(jobs)
     for raw in paths:
         if not Path(raw).exists():
             raise IngestError(str(raw), "no such file or directory")
@@ -62,16 +69,18 @@ def ingest_paths(
             f"--comm-pattern {comm_pattern!r} is not a regular expression: {exc}"
         ) from exc
 
-    sizes = [_size(f) for f in files]
-    total = sum(sizes)
+    tick = parallel.FileProgress(progress, [f.display for f in files], [_size(f) for f in files])
 
     def read(reader: _Reader) -> None:
-        done = 0
-        for file_no, item in enumerate(files):
-            reader.read_file(item, file_no)
-            done += sizes[file_no]
-            if progress is not None:
-                progress(done, total)
+        with parallel.KinetoPool.start(
+            files, workers, version=version, comm_pattern=comm, on_done=tick
+        ) as pool:
+            reader.pool = pool
+            for file_no, item in enumerate(files):
+                reader.read_file(item, file_no)
+                if file_no not in pool:
+                    tick(file_no)
+                pool.poll()
 
     return _stage_and_store(
         store,
@@ -224,6 +233,8 @@ class _Reader:
         self.comm_pattern = comm_pattern
         self.kineto: list[kineto.KinetoResult] = []
         """Profiler files read: their GPU figures are stored after the spans."""
+        self.pool: parallel.KinetoPool | None = None
+        """Profiler files parsed by worker processes (:mod:`.parallel`)."""
         self.rows: list[tuple[Any, ...]] = []
         self.file_spans: dict[int, int] = {}
         # OTLP JSON-lines files share one batch of decoded columns, so a directory of
@@ -261,14 +272,17 @@ class _Reader:
             self._document(item, origin, sniffed.gzip)
 
     def _kineto(self, item: detect.InputFile, origin: Origin, gz: bool) -> None:
-        result = kineto.read_kineto(
-            item.path,
-            gz,
-            origin,
-            version=self.version,
-            comm_pattern=self.comm_pattern,
-            earlier=self.kineto,
-        )
+        if self.pool is not None and origin.file_no in self.pool:
+            result = self.pool.take(origin, self.kineto)
+        else:
+            result = kineto.read_kineto(
+                item.path,
+                gz,
+                origin,
+                version=self.version,
+                comm_pattern=self.comm_pattern,
+                earlier=self.kineto,
+            )
         if result is None:
             return
         self.kineto.append(result)

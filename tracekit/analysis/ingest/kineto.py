@@ -139,7 +139,13 @@ def read_kineto(
         )
         return None
     result = _build(sink, stream.meta, origin, version, extent)
-    for other in earlier or []:
+    return None if rank_again(result, earlier or [], origin) else result
+
+
+def rank_again(result: KinetoResult, earlier: list[KinetoResult], origin: Origin) -> bool:
+    """One profile per rank per run: whether ``result``'s rank was in a file before
+    (then logged, and the file skipped). The parallel ingest applies it in the parent."""
+    for other in earlier:
         if other.rank == result.rank:
             origin.log.add(
                 origin.display,
@@ -148,8 +154,8 @@ def read_kineto(
                 "malformed",
                 skipped=1,
             )
-            return None
-    return result
+            return True
+    return False
 
 
 def _build(
