@@ -308,9 +308,13 @@ def _grown(recovered_ms: dict[str, float]) -> dict[str, float]:
 
 
 def _busiest(rows: list[CollectiveBandwidth]) -> dict[tuple[str, str], tuple[float, float]]:
-    """(op, scope) -> (transfer ms in all, time-weighted mean bus bandwidth)."""
+    """(op, scope) -> (transfer ms in all, time-weighted mean bus bandwidth).
+
+    Groups of one rank are left out: nothing crosses a bus (nccl-tests' busbw is 0)."""
     acc: dict[tuple[str, str], list[float]] = {}
     for r in rows:
+        if r.group_size < 2:
+            continue
         t = r.count * r.time_ms
         a = acc.setdefault((r.op, r.scope), [0.0, 0.0])
         a[0] += t
