@@ -118,7 +118,9 @@ def parse_time_ns(value: object, *, what: str = "--since/--until") -> int:
     return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1_000
 
 
-_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:g|gb/s|gbit/s|gbps|gbit)?\s*", re.IGNORECASE)
+_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z/]*)\s*")
+_GIGABITS = frozenset({"", "g", "gb/s", "gbit/s", "gbps", "gbit", "gb"})
+"""Units read as gigabits per second (any case, except a capital B: gigabytes)."""
 
 
 def parse_link_gbps(value: object, *, what: str = "--link-gbps") -> float:
@@ -130,7 +132,12 @@ def parse_link_gbps(value: object, *, what: str = "--link-gbps") -> float:
         rate = float(value)
     else:
         m = _RATE.fullmatch(str(value))
-        if m is None:
+        if m is not None and "B" in m.group(2):
+            raise ConfigError(
+                f"{what} {value!r}: that is gigabytes per second; give the link's rate in "
+                f"gigabits, as links are sold ({float(m.group(1)) * 8:g}Gb/s = {m.group(1)} GB/s)"
+            )
+        if m is None or m.group(2).lower() not in _GIGABITS:
             raise ConfigError(
                 f"{what} {value!r}: expected a link rate in Gb/s (e.g. 400, 400Gb/s or 100G)"
             )

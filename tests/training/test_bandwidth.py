@@ -84,7 +84,7 @@ def test_bus_factor_is_nccl_tests_for_every_op_and_group_size(op: str, n: int, f
     assert bus_factor(op, n) == pytest.approx(factor, rel=1e-12)
 
 
-@pytest.mark.parametrize(("op", "n"), [("send", 2), ("barrier", 8), ("all_reduce", 0)])
+@pytest.mark.parametrize(("op", "n"), [("gather", 2), ("barrier", 8), ("all_reduce", 0)])
 def test_bus_factor_is_none_without_a_known_factor(op: str, n: int):
     assert bus_factor(op, n) is None
 
@@ -103,6 +103,7 @@ def _ci(
     op: str = "all_reduce",
     nbytes: int | None = 8 * MIB,
     group_size: int | None = None,
+    backend: str | None = None,
 ) -> CommInstance:
     return CommInstance(
         rank=rank,
@@ -118,6 +119,7 @@ def _ci(
         end=round(end_ms * MS),
         stage=cv.BACKWARD,
         exposed_ns=0,
+        backend=backend,
     )
 
 
@@ -539,3 +541,26 @@ def test_ddp_bucket_rows_carry_the_bucket_buffers_torch_reports(gloo):
     (group,) = run.groups
     assert (group.role, group.launched_under) == ("data_parallel", cv.BACKWARD)
     assert group.per_step == len(logged)
+
+
+def test_gloo_collectives_of_a_group_run_at_once_and_are_never_queued():
+    # c0 runs 0-100 ms, c1 launched at 10 ends at 120: on NCCL c1 waits for c0's end,
+    # on gloo (worker threads) it transfers from its launch
+    nccl = [_ci(0, 0, 0, 100, backend="nccl"), _ci(0, 1, 10, 120, backend="nccl")]
+    gloo = [_ci(0, 0, 0, 100, backend="gloo"), _ci(0, 1, 10, 120, backend="gloo")]
+    assert transfer_times(nccl)[("default", 1)] == [20 * MS]
+    assert transfer_times(gloo)[("default", 1)] == [110 * MS]
+
+
+def test_an_op_without_a_bus_factor_has_no_bus_bandwidth():
+    rows = collective_table([_ci(r, 0, 0, 10, op="gather") for r in range(4)], 4, 400.0)
+    (row,) = rows
+    assert row.algbw_gb_s == pytest.approx(_gb_s(8 * MIB, 10.0))
+    assert row.busbw_gb_s is None and row.link_fraction is None
+    assert bus_factor("send", 8) == 1.0
+
+
+def test_the_world_groups_name_says_nothing_so_fsdp_on_it_is_told_by_its_ops():
+    assert group_role("default", "default_pg", ["all_gather", "reduce_scatter"]) == "fsdp"
+    assert group_role("default", "default_pg", ["all_reduce"]) == "data_parallel"
+    assert group_role("3", "dp_replicate", ["all_gather"]) == "data_parallel"

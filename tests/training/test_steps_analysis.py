@@ -199,3 +199,36 @@ def test_communication_names_the_bus_bandwidth_before_and_after(tmp_path):
     )
     assert "3% of a 400 Gb/s link" in d.verdict.summary
     assert "well under the link's rate" in d.verdict.fix
+
+
+def test_a_loss_outside_every_stage_is_compute_and_said_so(tmp_path):
+    # 4 ranks take 60 ms more a step than 2, in time no stage span covers
+    b = TraceBuilder(service="trainer", seed=1)
+    for version, world, gap in (("a", 2, 0.0), ("b", 4, 60.0)):
+        t = 0.0
+        for i in range(10):
+            for r in range(world):
+                s = b.step(i, rank=r, world_size=world, start_ms=t, duration_ms=60 + gap,
+                           samples=32, host="h0", version=version)  # fmt: skip
+                s.stage(cv.FORWARD, start_ms=0, duration_ms=20)
+                s.stage(cv.BACKWARD, start_ms=20, duration_ms=40)
+            t += 60 + gap
+    with open_store(tmp_path / "t.duckdb") as store:
+        b.load(store)
+        d = diff_runs(store, "a", "b")
+    assert d.scaling.efficiency == pytest.approx(0.5, abs=0.01)
+    assert d.verdict.bottleneck == "compute", d.verdict.summary
+    assert "outside every recorded stage" in d.verdict.summary
+    assert "of the lost step time" in d.verdict.summary
+
+
+def test_a_link_rate_is_gigabits_and_gigabytes_are_refused():
+    from tracekit.errors import ConfigError
+    from tracekit.units import parse_link_gbps
+
+    assert [parse_link_gbps(v) for v in ("400", "400Gb/s", "100G", "25 gbps", 200)] == [
+        400.0, 400.0, 100.0, 25.0, 200.0,
+    ]  # fmt: skip
+    for bad in ("50GB/s", "50 GBps", "fast", "0", "-1", "nan"):
+        with pytest.raises(ConfigError):
+            parse_link_gbps(bad)

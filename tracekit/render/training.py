@@ -124,7 +124,7 @@ def _comm_lines(run: RunSteps, md: bool) -> list[str]:
                 c.count,
                 ms(c.time_ms, 2),
                 gb_s(c.algbw_gb_s),
-                gb_s(c.busbw_gb_s) if c.group_size > 1 else "–",
+                gb_s(c.busbw_gb_s) if c.busbw_gb_s is not None and c.group_size > 1 else "–",
             ]
             if run.link_gbps:
                 row.append(pct(c.link_fraction) if c.link_fraction is not None else "–")

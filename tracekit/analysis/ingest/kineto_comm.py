@@ -148,9 +148,11 @@ def _dtype_size(dtype: Any) -> int | None:
     return _DTYPE_BYTES.get(str(dtype).lower().removeprefix("c10::"))
 
 
-def _nbytes(args: dict[str, Any]) -> int | None:
+def _nbytes(args: dict[str, Any], op: str, group_size: int | None) -> int | None:
     """Bytes as nccl-tests' "size": all_gather's whole output, reduce_scatter's whole
-    input, else the buffer: the larger of the in and out element counts × dtype size."""
+    input, else the buffer: the larger of the in and out element counts × dtype size.
+    Without element counts, the first input's dims: one rank's part for an all_gather
+    (× the group size; unknown without it), the whole buffer otherwise."""
     size = _dtype_size(args.get("dtype"))
     counts = [n for key in _NELEMS if type(n := args.get(key)) is int and n >= 0]
     if size and counts:
@@ -160,7 +162,10 @@ def _nbytes(args: dict[str, Any]) -> int | None:
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and isinstance(types, list):
         size = _dtype_size(types[0]) if types else None
         if size and all(isinstance(d, int) for d in dims[0]):
-            return int(np.prod(dims[0], dtype=np.int64)) * size
+            part = int(np.prod(dims[0], dtype=np.int64)) * size
+            if op.startswith("all_gather"):
+                return part * group_size if group_size else None
+            return part
     return None
 
 
@@ -187,10 +192,11 @@ def _inside(ops: list[Interval], starts: list[int], outer: Interval) -> Interval
 def _collective(groups: ProcessGroups, args: dict[str, Any], **fields: Any) -> Collective:
     """A collective with what its args (and ``pg_config``) say of bytes and group."""
     group = groups.group(args)
+    size = groups.size(args, group)
     return Collective(
         group=group,
-        nbytes=_nbytes(args),
-        group_size=groups.size(args, group),
+        nbytes=_nbytes(args, str(fields.get("op", "")), size),
+        group_size=size,
         group_desc=groups.desc(args),
         **fields,
     )

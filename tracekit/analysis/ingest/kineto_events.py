@@ -182,20 +182,24 @@ class EventSink:
     def top_level_annotations(self) -> list[Interval]:
         """The main process's ``user_annotation`` blocks not nested in another of their
         thread, that tracekit reads as nothing else (not a step, stage or collective);
-        by start time."""
+        by start time. Of one thread only — the one whose blocks cover the most time (the
+        loop's): blocks of other threads would make windows that overlap it."""
         main = self.main_pid
         by_thread: dict[Any, list[Interval]] = {}
         for pid, iv in self.annotations:
             if pid == main:
                 by_thread.setdefault(iv.tid, []).append(iv)
-        out = []
+        best: list[Interval] = []
         for ivs in by_thread.values():
+            out = []
             reach = -math.inf
             for iv in sorted(ivs, key=lambda iv: (iv.start, -iv.end)):
                 if iv.start >= reach and _plain(iv.name):
                     out.append(iv)
                 reach = max(reach, iv.end)
-        return sorted(out, key=lambda iv: (iv.start, -iv.end))
+            if sum(iv.end - iv.start for iv in out) > sum(iv.end - iv.start for iv in best):
+                best = out
+        return best
 
     def _times(self, ev: dict[str, Any]) -> tuple[int, int] | None:
         start = us_to_ns(ev.get("ts"))

@@ -30,12 +30,18 @@ from tracekit.analysis.training.model import CollectiveBandwidth, GroupComm
 NS = 1_000_000.0
 GB = 1e9
 
+CONCURRENT = frozenset({"gloo"})
+"""Backends whose collectives of one group run at the same time, not one after another."""
+
 INTRA = "intra-node"
 INTER = "inter-node"
 UNKNOWN = "unknown"
 
 
-_BASE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+_BASE_OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send",
+    "recv",
+)  # fmt: skip
 _FACTORS: dict[str, tuple[float, float]] = {
     # factor = a·(n−1)/n + b, as nccl-tests: all_reduce 2(n−1)/n, broadcast/reduce 1
     "all_reduce": (2.0, 0.0),
@@ -44,6 +50,8 @@ _FACTORS: dict[str, tuple[float, float]] = {
     "all_to_all": (1.0, 0.0),
     "broadcast": (0.0, 1.0),
     "reduce": (0.0, 1.0),
+    "send": (0.0, 1.0),
+    "recv": (0.0, 1.0),
 }
 
 
@@ -82,6 +90,8 @@ class CommInstance:
     """The stage it was launched under."""
     exposed_ns: int
     """Its time on the step's critical path."""
+    backend: str | None = None
+    """``gloo`` runs a group's collectives at once (worker threads), never queued."""
 
 
 def transfer_times(instances: list[CommInstance]) -> dict[tuple[str, int], list[int]]:
@@ -99,9 +109,9 @@ def transfer_times(instances: list[CommInstance]) -> dict[tuple[str, int], list[
         prev_end: int | None = None
         for c in mine:
             begin = last[(c.group, c.seq)]
-            # Queued behind the previous one only if that one ended first: NCCL runs a
-            # group's collectives in order, gloo on several worker threads at once.
-            if prev_end is not None and prev_end < c.end:
+            # Queued behind the previous one: NCCL runs a group's collectives in order on
+            # its stream; gloo runs them on several worker threads at once (no queue).
+            if prev_end is not None and c.backend not in CONCURRENT and prev_end < c.end:
                 begin = max(begin, prev_end)
             if c.end > begin:
                 out[(c.group, c.seq)].append(c.end - begin)
@@ -157,7 +167,8 @@ def collective_table(
         algbw = total_bytes / (total_ns / 1e9) / GB
         n = group_n[group]
         factor = bus_factor(op, n)
-        busbw = algbw * factor if factor is not None else algbw
+        # no factor (gather, scatter, a custom op): no bus bandwidth rather than a guess
+        busbw = algbw * factor if factor is not None else None
         scope = _scope(group_hosts[group])
         out.append(
             CollectiveBandwidth(
@@ -171,7 +182,9 @@ def collective_table(
                 busbw_gb_s=busbw,
                 scope=scope,
                 group_desc=descs.get(group),
-                link_fraction=busbw / peak if peak and scope != INTRA else None,
+                link_fraction=busbw / peak
+                if busbw is not None and peak and scope != INTRA
+                else None,
             )
         )
     return out
@@ -184,7 +197,7 @@ _ROLES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("tensor", re.compile(r"(^|[^a-z])(tp|tensor|mp|model)([^a-z]|$)", re.IGNORECASE)),
     ("pipeline", re.compile(r"(^|[^a-z])(pp|pipe|pipeline|stage)([^a-z]|$)", re.IGNORECASE)),
     ("expert", re.compile(r"(^|[^a-z])(ep|expert|moe)([^a-z]|$)", re.IGNORECASE)),
-    ("data_parallel", re.compile(r"(^|[^a-z])(dp|ddp|data|replicate|default_pg)([^a-z]|$)", re.I)),
+    ("data_parallel", re.compile(r"(^|[^a-z])(dp|ddp|data|replicate)([^a-z]|$)", re.I)),
 )
 _OP_ROLES = {
     "all_gather": "fsdp",
@@ -203,8 +216,11 @@ def group_role(group: str, desc: str | None, ops: list[str]) -> str:
     all-reduces data parallelism (DDP), send/recv pipeline stages, all-to-all experts.
     """
     for text in (desc, group):
+        # the world group's names say nothing of its use (FSDP(model) shards over it)
+        if not text or text in ("default", "default_pg"):
+            continue
         for role, pattern in _ROLES:
-            if text and pattern.search(text):
+            if pattern.search(text):
                 return role
     for op in ops:
         if base_op(op) in _OP_ROLES:

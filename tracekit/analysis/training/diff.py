@@ -298,10 +298,13 @@ class _Evidence:
 
 
 def _grown(recovered_ms: dict[str, float]) -> dict[str, float]:
-    """Ms of the after step each bottleneck's growth costs (positive parts only)."""
+    """Ms of the after step each bottleneck's growth costs (positive parts only).
+
+    ``unattributed`` (step time outside every stage: host work between them, a stage not
+    instrumented) counts as compute, and the compute sentence says how much of it it is."""
     grown: dict[str, float] = {}
     for name, r in recovered_ms.items():
-        if r > 0 and name != cv.UNATTRIBUTED:
+        if r > 0:
             key = bottleneck_of(name)
             grown[key] = grown.get(key, 0.0) + r
     return grown
@@ -313,7 +316,7 @@ def _busiest(rows: list[CollectiveBandwidth]) -> dict[tuple[str, str], tuple[flo
     Groups of one rank are left out: nothing crosses a bus (nccl-tests' busbw is 0)."""
     acc: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        if r.group_size < 2:
+        if r.group_size < 2 or r.busbw_gb_s is None:
             continue
         t = r.count * r.time_ms
         a = acc.setdefault((r.op, r.scope), [0.0, 0.0])
@@ -379,7 +382,7 @@ def _verdict(
                 "the same work done slower",
             )
         )
-    if (efficiency >= EFFICIENT and same_work >= EFFICIENT) or total <= 0:
+    if efficiency >= EFFICIENT and same_work >= EFFICIENT:
         return TrainingVerdict(
             NONE,
             f"{head}: {gain}; no bottleneck — scaling is close to ideal (efficiency at least "
@@ -388,7 +391,20 @@ def _verdict(
             [],
             shares,
         )
+    if total <= 0:
+        # Low efficiency, yet no part of the step grew against ideal scaling: the step
+        # time scaled and the throughput per step did not (fewer samples per step).
+        return TrainingVerdict(
+            COMPUTE,
+            f"{head}: {gain}. No part of the step grew against ideal scaling: the step time "
+            "scaled, the samples per step did not — check the samples each rank reports "
+            "(tracekit.step.samples) and the per-rank batch",
+            FIXES[COMPUTE],
+            [],
+            shares,
+        )
     top = max(grown, key=lambda k: grown[k])
+    lost = max(loss.lost, total)
     fix, detail, ranks = FIXES[top], "", []
     if top == STRAGGLER:
         lead = consistent_straggler(a)
@@ -405,6 +421,12 @@ def _verdict(
             fix = JITTER_FIX
     elif top == COMPUTE:
         detail, fix = _compute_detail(b, a, loss, evidence.stages)
+        outside = recovered_ms.get(cv.UNATTRIBUTED, 0.0)
+        if outside > 0.1 * grown[top]:
+            detail += (
+                f"; {outside:.1f} ms of it is outside every recorded stage (unattributed: host "
+                "work between the stages, or a stage not instrumented)"
+            )
     elif top == COMMUNICATION and evidence.bandwidth is not None:
         detail = "; " + evidence.bandwidth.sentence()
         fraction = evidence.bandwidth.link_fraction
@@ -412,7 +434,7 @@ def _verdict(
             fix = INTRA_FIX
         else:
             fix = NETWORK_FIX if fraction is None or fraction >= UNDER_LINK else UNDER_LINK_FIX
-    if shares[top] < MAJORITY:
+    if grown[top] < MAJORITY * lost:
         rest = ", ".join(
             f"{k.replace('_', ' ')} {v:.1f} ms"
             for k, v in sorted(grown.items(), key=lambda kv: -kv[1])
@@ -422,8 +444,8 @@ def _verdict(
     if evidence.stalls:
         detail += "; the loss is in a few slow steps (trimmed means show none)"
     summary = (
-        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {shares[top]:.0%} of the "
-        f"step-time growth ({grown[top]:.1f} ms per step){detail}{faster} — {fix}."
+        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {grown[top] / lost:.0%} of the "
+        f"lost step time ({grown[top]:.1f} of {lost:.1f} ms per step){detail}{faster} — {fix}."
     )
     return TrainingVerdict(top, summary, fix, ranks, shares)
 

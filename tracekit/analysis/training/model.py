@@ -126,7 +126,8 @@ class CollectiveBandwidth:
     """Mean transfer time: from the later of the last rank's arrival and the end of the
     group's previous collective, to the end (median over the ranks)."""
     algbw_gb_s: float
-    busbw_gb_s: float
+    busbw_gb_s: float | None
+    """None for an op without a bus factor (gather, scatter, custom ops)."""
     scope: str
     """``intra-node``, ``inter-node`` (its ranks are on more than one host) or ``unknown``."""
     group_desc: str | None = None

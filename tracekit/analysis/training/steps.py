@@ -22,6 +22,7 @@ mean over ranks of the step span's duration (no clock alignment needed).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -87,7 +88,8 @@ SELECT trace_id, span_id,
                 nullif(split_part(name, ' ', 2), ''), 'unknown') AS op,
        TRY_CAST(json_extract_string(attributes, $bytes) AS BIGINT) AS nbytes,
        TRY_CAST(json_extract_string(attributes, $size) AS INTEGER) AS group_size,
-       json_extract_string(attributes, $desc) AS group_desc
+       json_extract_string(attributes, $desc) AS group_desc,
+       json_extract_string(attributes, $backend) AS backend
 FROM spans
 WHERE stage = $comm AND trace_id IN (SELECT unnest($ids::VARCHAR[]))
 """
@@ -101,6 +103,7 @@ class _CommAttrs:
     nbytes: int | None
     group_size: int | None
     group_desc: str | None
+    backend: str | None = None
 
 
 @dataclass
@@ -213,7 +216,9 @@ def load_run(
         rank_steps.append(rs)
     world = max([r[7] or 0 for r in roots] + [len(set(ranks.values()))])
     if link_gbps is None:
-        link_gbps = max((float(r[10]) for r in roots if r[10]), default=None)
+        # the resource attribute as the option would be checked: finite, above 0
+        rates = [float(r[10]) for r in roots if r[10] is not None]
+        link_gbps = max((v for v in rates if math.isfinite(v) and v > 0), default=None)
     run = _summarise(label, world, rank_steps, warmup, link_gbps)
     # Profiled runs (Kineto files) also have each rank's GPU time line.
     gpu = rank_gpu_breakdown(store, label)
@@ -249,14 +254,15 @@ def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], _Com
         "bytes": json_path(cv.COMM_BYTES),
         "size": json_path(cv.COMM_GROUP_SIZE),
         "desc": json_path(cv.COMM_GROUP_DESC),
+        "backend": json_path(cv.COMM_BACKEND),
     }
     try:
         rows = store.con.execute(_COMM_SQL, params).fetchall()
     except DatabaseError as exc:
         raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
     return {
-        (t, s): _CommAttrs(g, -1 if q is None else int(q), str(op or ""), b, n, d)
-        for t, s, g, q, op, b, n, d in rows
+        (t, s): _CommAttrs(g, -1 if q is None else int(q), str(op or ""), b, n, d, be)
+        for t, s, g, q, op, b, n, d, be in rows
     }
 
 
@@ -538,6 +544,7 @@ def _instances(
                     end=e - off,
                     stage=stage,
                     exposed_ns=exposed,
+                    backend=c.backend,
                 )
             )
     return out
