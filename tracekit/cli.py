@@ -17,6 +17,7 @@ from tracekit import __version__
 from tracekit.commands import (
     attribute,
     autoscale,
+    capacity,
     collect,
     diff,
     explain,
@@ -39,6 +40,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     explain,
     gate,
     autoscale,
+    capacity,
     steps,
     report,
     collect,

@@ -145,3 +145,25 @@ def parse_link_gbps(value: object, *, what: str = "--link-gbps") -> float:
     if not math.isfinite(rate) or rate <= 0:
         raise ConfigError(f"{what} {value!r}: a link rate must be above 0 Gb/s")
     return rate
+
+
+_COST = re.compile(r"\s*\$?\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(h|hr|hour|s|sec|second|min|m))?\s*")
+_PER_HOUR = {None: 1.0, "h": 1.0, "hr": 1.0, "hour": 1.0, "min": 60.0, "m": 60.0}
+
+
+def parse_cost_per_hour(value: object, *, what: str = "--replica-cost") -> float:
+    """A replica's price per hour: ``2.50/h`` (the default unit), ``$2.50/h``, ``0.05/min``,
+    ``0.0007/s``; returned per hour."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        cost = float(value)
+    else:
+        m = _COST.fullmatch(str(value))
+        if m is None:
+            raise ConfigError(
+                f"{what} {value!r}: expected a price per replica-hour (e.g. 2.50/h or 0.05/min)"
+            )
+        unit = m.group(2)
+        cost = float(m.group(1)) * (3600.0 if unit in ("s", "sec", "second") else _PER_HOUR[unit])
+    if not math.isfinite(cost) or cost < 0:
+        raise ConfigError(f"{what} {value!r}: a price must be 0 or more")
+    return cost

@@ -46,6 +46,7 @@ def test_the_public_results_are_the_ones_expected() -> None:
         "list",  # Analysis.summary: list[Summary]
         "DiffResult",
         "TrainingDiff",
+        "CapacityResult",
         "SlowFast",
         "Explanation",
         "GateResult",

@@ -33,6 +33,7 @@ from tracekit.analysis.autoscale import rules as scaling
 from tracekit.analysis.autoscale.audit import AutoscaleResult, audit_autoscaling
 from tracekit.analysis.autoscale.model import Slo, parse_slo
 from tracekit.analysis.autoscale.rule_files import load_rule
+from tracekit.analysis.capacity.model import CapacityResult
 from tracekit.analysis.compare.diff import DiffResult, diff_releases
 from tracekit.analysis.compare.summary import (
     SlowFast,
@@ -60,6 +61,7 @@ __all__ = [
     "Analysis",
     "AttributeReport",
     "AttributedNames",
+    "CapacityResult",
     "ConfigError",
     "Shard",
     "attribute",
@@ -493,6 +495,51 @@ class Analysis:
         return reports.slow_report(
             self._store, result, service=service, route=route, explain=self.explain
         )
+
+    def capacity(
+        self,
+        versions: str | Sequence[str],
+        *,
+        slo: str | Slo,
+        window_s: float = 10.0,
+        replica_cost: str | float | None = None,
+        gpus_per_replica: int = 1,
+        queue_budget_ms: float | None = None,
+        service: str | None = None,
+        route: str | None = None,
+    ) -> CapacityResult:
+        """Which binds first, latency under bursts or cost per request, and how to batch
+        (docs/capacity.md). ``replica_cost``: a replica's price per hour (``2.50/h``);
+        ``queue_budget_ms``: the batch queue's share of the objective (default a fifth)."""
+        from tracekit.analysis.capacity.analyse import capacity  # its own layer, loaded on use
+
+        labels = [versions] if isinstance(versions, str) else list(versions)
+        if not labels:
+            raise ConfigError("capacity needs at least one --version")
+        if window_s <= 0:
+            raise ConfigError(f"--window must be positive, got {window_s:g} s")
+        if gpus_per_replica < 1:
+            raise ConfigError(f"--gpus-per-replica must be 1 or more, got {gpus_per_replica}")
+        if queue_budget_ms is not None and queue_budget_ms <= 0:
+            raise ConfigError(f"--queue-budget must be positive, got {queue_budget_ms:g} ms")
+        cost = None if replica_cost is None else units.parse_cost_per_hour(replica_cost)
+        result: CapacityResult = capacity(
+            self._store,
+            labels,
+            parse_slo(slo) if isinstance(slo, str) else slo,
+            span_store=self._span_store,
+            window_s=window_s,
+            replica_cost_per_h=cost,
+            gpus_per_replica=gpus_per_replica,
+            queue_budget_ms=queue_budget_ms,
+            service=service,
+            route=route,
+        )
+        return result
+
+    def capacity_report(self, result: CapacityResult) -> Report:
+        """The page of ``tracekit capacity --html``."""
+        return reports.capacity_report(self._store, result)
 
     def autoscale_report(self, result: AutoscaleResult) -> Report:
         """The page of ``tracekit autoscale --html``: the time line and recommendation."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tracekit.analysis.attribution.explain import Explanation, explain_trace
 from tracekit.analysis.autoscale.audit import AutoscaleResult, audit_autoscaling
 from tracekit.analysis.autoscale.model import Slo
+from tracekit.analysis.capacity.model import CapacityResult
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
 from tracekit.analysis.compare.diff import DiffResult, Exemplar, diff_releases
 from tracekit.analysis.compare.summary import SlowFast
@@ -63,6 +64,7 @@ class Report:
     slow_release: ReleaseData | None = None
     autoscale: AutoscaleResult | None = None
     autoscale_note: str = ""
+    capacity: CapacityResult | None = None
     """Why the autoscaling time line is absent (no ``--slo``, no replicas in the traces)."""
     waterfalls: list[Waterfall] = field(default_factory=list)
     training: TrainingPart | None = None
@@ -76,6 +78,8 @@ class Report:
             return self.diff.verdict.summary
         if self.training is not None:
             return self.training.diff.verdict.summary
+        if self.capacity is not None:
+            return self.capacity.summary
         return ""
 
 
@@ -197,6 +201,12 @@ def slow_report(
         waterfalls=drawn,
         notes=notes,
     )
+
+
+def capacity_report(store: Store, result: CapacityResult) -> Report:
+    """``tracekit capacity --html``: latency against arrival rate, and cost, per release."""
+    names = ", ".join(r.label for r in result.releases)
+    return Report(title=f"tracekit capacity: {names}", source=str(store.path), capacity=result)
 
 
 def autoscale_report(store: Store, result: AutoscaleResult) -> Report:

@@ -17,6 +17,7 @@ from typing import Any
 from tracekit.analysis.attribute import AttributeReport
 from tracekit.analysis.attribution.explain import Explanation
 from tracekit.analysis.autoscale.audit import AutoscaleResult
+from tracekit.analysis.capacity.model import CapacityResult
 from tracekit.analysis.compare.diff import DiffResult
 from tracekit.analysis.compare.summary import SlowFast
 from tracekit.analysis.gate.evaluate import GateResult
@@ -52,6 +53,7 @@ TABLES: dict[type, str] = {
     Explanation: "tracekit.render.explain:RENDERERS",
     GateResult: "tracekit.render.gate:RENDERERS",
     AutoscaleResult: "tracekit.render.autoscale:RENDERERS",
+    CapacityResult: "tracekit.render.capacity:RENDERERS",
     SlowFast: "tracekit.render.summary:SLOW_RENDERERS",
     IngestOutcome: "tracekit.render.ingest:RENDERERS",
     StepsResult: "tracekit.render.training:STEPS_RENDERERS",

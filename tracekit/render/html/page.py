@@ -131,6 +131,8 @@ def _header(report: Report) -> str:
         verdict = report.slow.summary
     elif report.autoscale is not None:
         verdict = report.autoscale.summary
+    elif report.capacity is not None:
+        verdict = report.capacity.summary
     if verdict:
         lines.append(f'<p class="verdict" id="verdict">{e(verdict)}</p>')
     if report.gate is not None:
@@ -278,6 +280,20 @@ def _autoscale_section(page: Page, report: Report) -> None:
     page.section("autoscale", "Autoscaling", *body)
 
 
+def _capacity_section(page: Page, report: Report) -> None:
+    from tracekit.render.html import capacity
+
+    result = report.capacity
+    assert result is not None
+    body = [f'<p class="verdict-small">{e(r.label)}: {e(r.reason)}</p>' for r in result.releases]
+    body.append(page.chart("capacity", capacity.latency_vs_rate(result)))
+    body.append(page.chart("capacity", capacity.cost_per_release(result)))
+    for r in result.releases:
+        if r.batching is not None and r.batching.triton:
+            body.append(f"<p>{e(r.label)}: batching pick</p><pre>{e(r.batching.triton)}</pre>")
+    page.section("capacity", "Capacity: latency under bursts and cost per request", *body)
+
+
 def _training_section(page: Page, report: Report) -> None:
     from tracekit.render.html import training
 
@@ -295,7 +311,7 @@ def _training_section(page: Page, report: Report) -> None:
 
 def results_json(report: Report) -> dict[str, Any]:
     """The results exactly as ``--format json`` prints them, one key per part present."""
-    from tracekit.render import autoscale, diff, gate, summary, training
+    from tracekit.render import autoscale, capacity, diff, gate, summary, training
 
     out: dict[str, Any] = {}
     if report.diff is not None:
@@ -308,6 +324,8 @@ def results_json(report: Report) -> dict[str, Any]:
         out["autoscale"] = json.loads(autoscale.render_json(report.autoscale))
     if report.training is not None:
         out["training"] = json.loads(training.diff_json(report.training.diff))
+    if report.capacity is not None:
+        out["capacity"] = json.loads(capacity.capacity_json(report.capacity))
     return out
 
 
@@ -337,6 +355,8 @@ def render_report(report: Report) -> str:
         page.section("autoscale", "Autoscaling", f'<p class="note">{e(report.autoscale_note)}</p>')
     if report.training is not None:
         _training_section(page, report)
+    if report.capacity is not None:
+        _capacity_section(page, report)
     if report.notes:
         page.section("notes", "Not shown", *(f'<p class="note">{e(n)}</p>' for n in report.notes))
     footer = (
