@@ -485,7 +485,8 @@ def _verdict(
         spike_text = ""
         if spikes.count and spikes.duration_s_p50 is not None:
             lo, hi = spikes.duration_s_p50, spikes.duration_s_p90 or spikes.duration_s_p50
-            span = f"{lo:g} s" if lo == hi else f"{lo:g}–{hi:g} s"
+            a, b = _secs(lo), _secs(hi)
+            span = f"{a} s" if a == b else f"{a}–{b} s"
             ratio = f" at {spikes.rate_ratio:.1f}× the median rate" if spikes.rate_ratio else ""
             spike_text = (
                 f"; {spikes.count} spike{'s' if spikes.count != 1 else ''} of {span}{ratio}"
@@ -556,3 +557,8 @@ def _summary(releases: list[ReleaseCapacity], slo: Slo) -> str:
     if any(r.cost.cost_per_1k is None for r in releases):
         text += " (costs unknown: no replica cost given)"
     return text
+
+
+def _secs(v: float) -> str:
+    """A spike's duration as people read it: ``1.4``, ``12``."""
+    return f"{round(v, 1):g}" if v < 10 else f"{v:.0f}"

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import numpy as np
 import numpy.typing as npt
 
@@ -38,7 +37,7 @@ from tracekit.analysis.attribution.per_request import json_path
 from tracekit.analysis.capacity.model import Batching, BatchOption, Curve
 from tracekit.analysis.cohorts.stats import weighted_quantile
 from tracekit.analysis.results import Flag
-from tracekit.analysis.store import Store
+from tracekit.analysis.store import DatabaseError, Store
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000
@@ -131,8 +130,8 @@ WHERE coalesce(service_version, '') = $release
 def _query(store: Store, sql: str, params: dict[str, Any]) -> list[Any]:
     try:
         return store.run(sql, params)
-    except duckdb.Error as exc:
-        raise QueryError(f"reading batch executions failed: {exc}") from exc
+    except DatabaseError as exc:
+        raise QueryError(f"cannot read batch executions from {store.path}: {exc}") from exc
 
 
 def read_executions(store: Store, release: str, *, service: str | None = None) -> Executions | None:
