@@ -514,12 +514,7 @@ class Analysis:
         from tracekit.analysis.capacity.analyse import capacity  # its own layer, loaded on use
 
         labels = [versions] if isinstance(versions, str) else list(versions)
-        if not labels:
-            raise ConfigError("capacity needs at least one --version")
-        if window_s <= 0:
-            raise ConfigError(f"--window must be positive, got {window_s:g} s")
-        if gpus_per_replica < 1:
-            raise ConfigError(f"--gpus-per-replica must be 1 or more, got {gpus_per_replica}")
+        # the window, GPU count and cost are checked by the analysis itself
         if queue_budget_ms is not None and queue_budget_ms <= 0:
             raise ConfigError(f"--queue-budget must be positive, got {queue_budget_ms:g} ms")
         cost = None if replica_cost is None else units.parse_cost_per_hour(replica_cost)
