@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import argparse
 
-from tracekit.commands._types import confidence_type, http_url_type, link_gbps_type
+from tracekit.commands._types import (
+    confidence_type,
+    duration_type,
+    http_url_type,
+    link_gbps_type,
+    slo_type,
+)
 from tracekit.render import FORMATS
 
 
@@ -90,3 +96,21 @@ def add_link_gbps(parser: argparse.ArgumentParser) -> None:
         "InfiniBand); collectives' bus bandwidth is shown as a share of it (default: the "
         "tracekit.link.gbps resource attribute, if the run set one)",
     )
+
+
+def add_slo(
+    parser: argparse.ArgumentParser, *, required: bool = True, help: str | None = None
+) -> None:
+    """``--slo "p95<200ms"``: the latency objective each window is judged against."""
+    parser.add_argument(
+        "--slo",
+        required=required,
+        default=None,
+        type=slo_type,
+        help=help or 'latency objective per window, e.g. "p95<200ms"',
+    )
+
+
+def add_window(parser: argparse.ArgumentParser, *, default: str, help: str) -> None:
+    """``--window 30s``: the length of the windows a time line is cut into."""
+    parser.add_argument("--window", default=default, type=duration_type(), help=help)

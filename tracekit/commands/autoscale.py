@@ -6,10 +6,16 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import add_filters, add_format, add_html, add_version
+from tracekit.commands._options import (
+    add_filters,
+    add_format,
+    add_html,
+    add_slo,
+    add_version,
+    add_window,
+)
 from tracekit.commands._pages import write_page
 from tracekit.commands._store import add_store, open_analysis, store_input
-from tracekit.commands._types import duration_type, slo_type
 from tracekit.errors import ConfigError
 from tracekit.outputs import check_outputs
 
@@ -60,14 +66,9 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--min-replicas", type=int, default=1, help="for --signal")
     parser.add_argument("--max-replicas", type=int, default=100, help="for --signal")
-    parser.add_argument(
-        "--slo", required=True, type=slo_type, help='latency objective per window, e.g. "p95<200ms"'
-    )
-    parser.add_argument(
-        "--window",
-        default="30s",
-        type=duration_type(),
-        help="window length (30s, 1m, 500ms; a bare number is seconds)",
+    add_slo(parser)
+    add_window(
+        parser, default="30s", help="window length (30s, 1m, 500ms; a bare number is seconds)"
     )
     add_html(parser, "the autoscaling time line")
     add_format(parser)

@@ -6,10 +6,17 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command, emit
-from tracekit.commands._options import add_filters, add_format, add_html, add_version
+from tracekit.commands._options import (
+    add_filters,
+    add_format,
+    add_html,
+    add_slo,
+    add_version,
+    add_window,
+)
 from tracekit.commands._pages import write_page
 from tracekit.commands._store import add_store, open_analysis, store_input
-from tracekit.commands._types import duration_ms_type, duration_type, slo_type
+from tracekit.commands._types import duration_ms_type
 from tracekit.outputs import check_outputs
 
 DESCRIPTION = """\
@@ -39,15 +46,8 @@ def register(sub: Any) -> None:
     )
     add_version(parser, dest="release", multiple=True, help="release to size; repeat to compare")
     add_filters(parser)
-    parser.add_argument(
-        "--slo", required=True, type=slo_type, help='latency objective per window, e.g. "p95<100ms"'
-    )
-    parser.add_argument(
-        "--window",
-        default="10s",
-        type=duration_type(),
-        help="window length (10s, 1m; a bare number is seconds)",
-    )
+    add_slo(parser, help='latency objective per window, e.g. "p95<100ms"')
+    add_window(parser, default="10s", help="window length (10s, 1m; a bare number is seconds)")
     parser.add_argument(
         "--replica-cost",
         metavar="PRICE",

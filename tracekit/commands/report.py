@@ -6,10 +6,16 @@ import argparse
 from typing import Any
 
 from tracekit.commands._common import add_command
-from tracekit.commands._options import add_confidence, add_filters, add_jaeger_url, add_releases
+from tracekit.commands._options import (
+    add_confidence,
+    add_filters,
+    add_jaeger_url,
+    add_releases,
+    add_slo,
+    add_window,
+)
 from tracekit.commands._pages import write_page
 from tracekit.commands._store import add_store, open_analysis, store_input
-from tracekit.commands._types import duration_type, slo_type
 from tracekit.outputs import check_outputs
 from tracekit.render.text import printable
 
@@ -38,18 +44,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "-o", "--output", default="report.html", metavar="FILE", help="where to write the page"
     )
-    parser.add_argument(
-        "--slo",
-        default=None,
-        type=slo_type,
+    add_slo(
+        parser,
+        required=False,
         help='latency objective per window, e.g. "p95<60ms": adds the autoscaling time line',
     )
-    parser.add_argument(
-        "--window",
-        default="30s",
-        type=duration_type(),
-        help="autoscaling window (30s, 1m; a bare number is seconds)",
-    )
+    add_window(parser, default="30s", help="autoscaling window (30s, 1m; a bare number is seconds)")
     parser.add_argument(
         "--budget",
         action="append",

@@ -71,27 +71,33 @@ def bus_factor(op: str, n: int) -> float | None:
     return f[0] * (n - 1) / n + f[1]
 
 
-@dataclass(slots=True)
-class CommInstance:
-    """One collective on one rank, times on the aligned clock (ns)."""
+@dataclass(frozen=True, slots=True)
+class CommAttrs:
+    """What a communication span says of its collective."""
 
-    rank: int
-    host: str | None
-    step: int
     group: str
     seq: int
     op: str
     nbytes: int | None
     group_size: int | None
     group_desc: str | None
+    backend: str | None = None
+    """``gloo`` runs a group's collectives at once (worker threads), never queued."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommInstance(CommAttrs):
+    """One collective on one rank, times on the aligned clock (ns)."""
+
+    rank: int
+    host: str | None
+    step: int
     start: int
     end: int
     stage: str
     """The stage it was launched under."""
     exposed_ns: int
     """Its time on the step's critical path."""
-    backend: str | None = None
-    """``gloo`` runs a group's collectives at once (worker threads), never queued."""
 
 
 def transfer_times(instances: list[CommInstance]) -> dict[tuple[str, int], list[int]]:

@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -95,17 +95,6 @@ WHERE stage = $comm AND trace_id IN (SELECT unnest($ids::VARCHAR[]))
 """
 
 
-@dataclass(frozen=True, slots=True)
-class _CommAttrs:
-    group: str
-    seq: int
-    op: str
-    nbytes: int | None
-    group_size: int | None
-    group_desc: str | None
-    backend: str | None = None
-
-
 @dataclass
 class _RankStep:
     """One rank's one step after the walk."""
@@ -123,7 +112,7 @@ class _RankStep:
     comm_exposed_ns: int = 0
     comm_spans: list[tuple[int, int, int, str, int]] = field(default_factory=list)
     """(span index, launch ns, end ns, group, seq) of each matched collective."""
-    comm_meta: list[_CommAttrs] = field(default_factory=list)
+    comm_meta: list[bw.CommAttrs] = field(default_factory=list)
     """Aligned with ``comm_spans``: what the span says of its collective."""
     comm_stage: list[str] = field(default_factory=list)
     """Aligned with ``comm_spans``: the stage it was launched under."""
@@ -244,7 +233,7 @@ def _ranks(roots: list[tuple[Any, ...]]) -> dict[str, int]:
     return {r[0]: int(r[6]) if r[6] is not None else dense[str(r[5])] for r in roots}
 
 
-def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], _CommAttrs]:
+def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], bw.CommAttrs]:
     params = {
         "ids": ids,
         "comm": cv.COMMUNICATION,
@@ -261,7 +250,7 @@ def _comm_attributes(store: Store, ids: list[str]) -> dict[tuple[str, str], _Com
     except DatabaseError as exc:
         raise QueryError(f"cannot read collectives from {store.path}: {exc}") from exc
     return {
-        (t, s): _CommAttrs(g, -1 if q is None else int(q), str(op or ""), b, n, d, be)
+        (t, s): bw.CommAttrs(g, -1 if q is None else int(q), str(op or ""), b, n, d, be)
         for t, s, g, q, op, b, n, d, be in rows
     }
 
@@ -277,7 +266,7 @@ def _bounds(trace_ids: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _walk_step(
-    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], _CommAttrs]
+    cols: dict[str, list[Any]], lo: int, hi: int, comm: dict[tuple[str, str], bw.CommAttrs]
 ) -> _RankStep | None:
     t = trace_input(cols, lo, hi)
     trace_id = cols["trace_id"][lo]
@@ -285,7 +274,7 @@ def _walk_step(
     index = {sid: i for i, sid in enumerate(t.span_id)}
     comm_total = 0
     spans: list[tuple[int, int, int, str, int]] = []
-    meta: list[_CommAttrs] = []
+    meta: list[bw.CommAttrs] = []
     under: list[str] = []
     intervals: list[tuple[int, int]] = []
     for i, c in enumerate(info):
@@ -520,6 +509,7 @@ def _instances(
     rank_steps: list[_RankStep], offsets: dict[str | None, int], kept: set[int]
 ) -> list[bw.CommInstance]:
     """The kept steps' collectives, on the aligned clock, for the bandwidth tables."""
+    attrs = [f.name for f in fields(bw.CommAttrs)]
     out = []
     for rs in rank_steps:
         if rs.step not in kept:
@@ -531,20 +521,14 @@ def _instances(
             exposed = sum(s1 - s0 for s0, s1 in rs.segments.get(i, ()))
             out.append(
                 bw.CommInstance(
+                    **{name: getattr(c, name) for name in attrs},
                     rank=rs.rank,
                     host=rs.host,
                     step=rs.step,
-                    group=c.group,
-                    seq=c.seq,
-                    op=c.op,
-                    nbytes=c.nbytes,
-                    group_size=c.group_size,
-                    group_desc=c.group_desc,
                     start=s - off,
                     end=e - off,
                     stage=stage,
                     exposed_ns=exposed,
-                    backend=c.backend,
                 )
             )
     return out
