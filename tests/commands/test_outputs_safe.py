@@ -320,3 +320,22 @@ def test_demo_keep_claims_a_new_or_empty_directory_and_reuses_its_own(tmp_path: 
     empty = tmp_path / "empty"
     empty.mkdir()
     assert prepare_keep(empty) == empty
+
+
+@pytest.mark.parametrize("name", ["traces.jsonl", "traces.json", "spans.csv", "spans.parquet"])
+def test_a_store_path_onto_an_existing_data_file_is_refused_and_the_file_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    # DuckDB opens an existing JSON/CSV/Parquet file given as a database as an in-memory
+    # database over it: an ingest would report success and keep nothing.
+    from tracekit.testing import TraceBuilder
+
+    data = tmp_path / name
+    b = TraceBuilder(version="v1", seed=1)
+    b.request(start_ms=0.0, duration_ms=5.0)
+    b.write_jsonl(data)
+    before = data.read_bytes()
+    assert main(["ingest", str(data), "--db", str(data)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a DuckDB database but a data file" in err[0], err
+    assert data.read_bytes() == before

@@ -235,6 +235,13 @@ def open_store(
     if read_only and p != ":memory:" and not Path(p).exists():
         raise QueryError(f"no tracekit store at {p}: run `tracekit ingest FILE --db {p}` first")
     con = _connect(p, read_only=read_only)
+    if p != ":memory:" and not _file_backed(con):
+        con.close()
+        raise QueryError(
+            f"{p} is not a DuckDB database but a data file (DuckDB would read it in memory "
+            "and keep nothing written to it): give the store its own path, e.g. --db "
+            "tracekit.duckdb"
+        )
     if not read_only:
         con.execute(schema_sql()).fetchall()
         return Store(con, p)
@@ -257,6 +264,15 @@ def open_store(
 LOCK_WAIT_S = 30.0
 """How long opening waits while another process (``tracekit collect`` writing a batch,
 another command) holds the file: DuckDB allows one writer process and no reader beside it."""
+
+
+def _file_backed(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection's database is a file. DuckDB opens an existing JSON, CSV or
+    Parquet file given as a database path as an in-memory database over that file."""
+    row = con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchone()
+    return row is not None and row[0] is not None
 
 
 def _connect(path: str, *, read_only: bool) -> duckdb.DuckDBPyConnection:
