@@ -97,6 +97,15 @@ DOWNSTREAM: Final = "downstream"
 UNATTRIBUTED: Final = "unattributed"
 """Analysis only: time on the critical path inside the request but in no stage."""
 
+QUEUE: Final = "queue"
+"""LLM serving: waiting in the engine's scheduler queue (admitted to no batch yet)."""
+PREFILL: Final = "prefill"
+"""LLM serving: the forward pass over the prompt that yields the first output token."""
+DECODE: Final = "decode"
+"""LLM serving: generating the output tokens after the first one."""
+LLM_STAGES: Final = (QUEUE, PREFILL, DECODE)
+"""Stages of a token-streaming request (docs/llm.md), in request order."""
+
 STAGES: Final = (FEATURE_RETRIEVAL, PREPROCESS, BATCH_QUEUE, MODEL_EXECUTE, POSTPROCESS, DOWNSTREAM)
 """The built-in stages in request order; users may add their own names."""
 
@@ -130,6 +139,9 @@ DEFAULT_TIME_KIND: Final[dict[str, str]] = {
     MODEL_EXECUTE: COMPUTE,
     POSTPROCESS: COMPUTE,
     DOWNSTREAM: WAIT,
+    QUEUE: WAIT,
+    PREFILL: COMPUTE,
+    DECODE: COMPUTE,
     # Time on the path in no stage carries no evidence of computing; in an async server
     # it is mostly the event loop or the framework between stages.
     UNATTRIBUTED: WAIT,
@@ -158,11 +170,48 @@ def default_time_kind(stage: str) -> str:
 def order_stages(names: set[str] | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """Built-in stages in request order, then others alphabetically, then unattributed."""
     names = set(names)
-    builtin = [s for s in STAGES if s in names]
-    others = sorted(s for s in names if s not in STAGES and s != UNATTRIBUTED)
+    known = (*STAGES, *LLM_STAGES)
+    builtin = [s for s in known if s in names]
+    others = sorted(s for s in names if s not in known and s != UNATTRIBUTED)
     tail = [UNATTRIBUTED] if UNATTRIBUTED in names else []
     return tuple(builtin + others + tail)
 
+
+# --- LLM serving (docs/llm.md) -------------------------------------------------------
+# Attribute names exactly as vLLM's tracing writes them on its ``llm_request`` span
+# (``vllm/tracing.py``, ``SpanAttributes``); latencies are in seconds (floats).
+GEN_AI_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E: Final = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_TIME_IN_SCHEDULER: Final = "gen_ai.latency.time_in_scheduler"
+GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD: Final = "gen_ai.latency.time_in_model_forward"
+GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execute"
+GEN_AI_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+"""The newer GenAI semantic-convention name of the prompt token count."""
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+"""The newer GenAI semantic-convention name of the completion token count."""
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_N: Final = "gen_ai.request.n"
+GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_SERVER_TTFT_METRIC: Final = "gen_ai.server.time_to_first_token"
+"""GenAI metric (histogram, seconds): time to generate the first output token."""
+GEN_AI_SERVER_TPOT_METRIC: Final = "gen_ai.server.time_per_output_token"
+"""GenAI metric (histogram, seconds): time per output token after the first."""
+GEN_AI_SERVER_DURATION_METRIC: Final = "gen_ai.server.request.duration"
+"""GenAI metric (histogram, seconds): time from the request's arrival to its last token."""
+STAGE_DERIVED: Final = "tracekit.stage.derived"
+"""On a stage span tracekit synthesised at ingest: where it came from (``attributes``:
+an engine's latency attributes, not a span it wrote)."""
+DERIVED_FROM_ATTRIBUTES: Final = "attributes"
+"""Value of :data:`STAGE_DERIVED` for stages built from an engine's latency attributes."""
+GENERATION_FIRST_TOKEN_NS: Final = "tracekit.generation.first_token_ns"
+"""tracekit's own generation span: Unix ns of the first output token."""
 
 # --- training steps (docs/design.md, "Training steps") ----------------------------------
 RANK: Final = "tracekit.rank"
