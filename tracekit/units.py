@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 from tracekit.errors import ConfigError
 
@@ -149,6 +150,40 @@ def parse_link_gbps(value: object, *, what: str = "--link-gbps") -> float:
 
 _COST = re.compile(r"\s*\$?\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(h|hr|hour|s|sec|second|min|m))?\s*")
 _PER_HOUR = {None: 1.0, "h": 1.0, "hr": 1.0, "hour": 1.0, "min": 60.0, "m": 60.0}
+
+
+def parse_replica_costs(
+    values: object, labels: Sequence[str], *, what: str = "--replica-cost"
+) -> float | dict[str, float] | None:
+    """``--replica-cost`` given once or more: ``2.50/h`` prices every release,
+    ``B=1.20/h`` one release (on other hardware); a bare price is the default of the
+    releases no ``LABEL=`` names. Returns one price, a price per label, or None."""
+    if values is None:
+        return None
+    items = [values] if isinstance(values, (str, int, float)) else list(values)  # type: ignore[call-overload]
+    default: float | None = None
+    named: dict[str, float] = {}
+    for item in items:
+        text = str(item)
+        if isinstance(item, str) and "=" in text:
+            label, _, price = text.rpartition("=")
+            label = label.strip()
+            if not label:
+                raise ConfigError(f"{what} {text!r}: name the release before '=' (e.g. B=1.20/h)")
+            if label in named:
+                raise ConfigError(f"{what}: {label} is priced twice")
+            named[label] = parse_cost_per_hour(price.strip(), what=f"{what} for {label}")
+        else:
+            if default is not None:
+                raise ConfigError(
+                    f"{what}: two prices for every release; name one with LABEL=PRICE"
+                )
+            default = parse_cost_per_hour(item, what=what)
+    if not named:
+        return default
+    if default is not None:
+        return {label: named.get(label, default) for label in [*labels, *named]}
+    return named
 
 
 def parse_cost_per_hour(value: object, *, what: str = "--replica-cost") -> float:

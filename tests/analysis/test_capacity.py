@@ -7,10 +7,12 @@ import random
 import pytest
 
 from tracekit import conventions as cv
+from tracekit import units
 from tracekit.analysis.autoscale.model import parse_slo
 from tracekit.analysis.capacity.analyse import PEAK_RULE_FACTOR, PEAK_RULE_TOP, capacity
 from tracekit.analysis.capacity.model import BALANCED, COST_BOUND, INCONCLUSIVE, LATENCY_BOUND
 from tracekit.analysis.store import open_store
+from tracekit.errors import ConfigError
 from tracekit.testing import TraceBuilder
 
 SLO = parse_slo("p95<100ms")
@@ -150,13 +152,42 @@ def test_failed_requests_are_not_accepted(store) -> None:
     assert r.cost.replica_seconds_per_1k == pytest.approx(120.0 / accepted * 1000, rel=0.02)
 
 
-def test_absent_device_time_is_none_with_a_flag(store) -> None:
+def test_absent_device_time_is_none_and_wall_time_stands_in_named_as_such(store) -> None:
     r = _one(store, "nogpu")
     assert r.cost.gpu_busy_fraction is None
-    assert {"no_device_time", "cost_not_judged"} <= _codes(r)
-    assert r.verdict == BALANCED
+    # 5 ms of wall per request, as "idle" but with no device time: the stand-in judges it.
+    per_pod = 6 * WINDOW_S * 25 + 18 * WINDOW_S * 5
+    assert r.cost.execution_busy_fraction == pytest.approx(per_pod * 0.005 / 60, rel=0.03)
+    assert {"no_device_time", "busy_from_wall_time"} <= _codes(r)
+    assert "cost_not_judged" not in _codes(r)
+    assert r.verdict == COST_BOUND and "model executions 4% busy (wall time)" in r.reason
+    # With device time, the wall figure is still there, and no stand-in flag.
+    idle = _one(store, "idle")
+    assert idle.cost.execution_busy_fraction == pytest.approx(per_pod * 0.005 / 60, rel=0.03)
+    assert "busy_from_wall_time" not in _codes(idle)
     m = _one(store, "nomodel")
-    assert m.cost.gpu_busy_fraction is None and "no_model_spans" in _codes(m)
+    assert m.cost.gpu_busy_fraction is None and m.cost.execution_busy_fraction is None
+    assert {"no_model_spans", "cost_not_judged"} <= _codes(m)
+    assert m.verdict == BALANCED
+
+
+def test_prices_per_release_and_a_default(store) -> None:
+    result = capacity(
+        store, ["idle", "nogpu"], SLO, window_s=WINDOW_S, replica_cost_per_h={"idle": 3.6}
+    )
+    idle, nogpu = result.releases
+    assert idle.cost.cost_per_1k == pytest.approx(idle.cost.replica_seconds_per_1k * 0.001)
+    assert nogpu.cost.cost_per_1k is None and nogpu.cost.replica_cost_per_h is None
+    assert any(f.code == "no_replica_cost" and "nogpu" in f.message for f in result.flags)
+    assert "money unknown where no replica cost was given" in result.summary
+    with pytest.raises(ConfigError, match="which is not a --version"):
+        capacity(store, ["idle"], SLO, window_s=WINDOW_S, replica_cost_per_h={"B": 1.0})
+    assert units.parse_replica_costs(["A=4/h", "1.2/h"], ["A", "B"]) == {"A": 4.0, "B": 1.2}
+    assert units.parse_replica_costs("2.50/h", ["A"]) == 2.5
+    with pytest.raises(ConfigError, match="priced twice"):
+        units.parse_replica_costs(["A=4/h", "A=5/h"], ["A"])
+    with pytest.raises(ConfigError, match="two prices"):
+        units.parse_replica_costs(["4/h", "5/h"], ["A"])
 
 
 def test_flat_time_line_takes_the_top_decile_as_peak() -> None:

@@ -51,6 +51,19 @@ def test_json_has_the_documented_keys_and_names_the_latency_bound_release_first(
     assert doc["summary"].startswith("fix B first")
 
 
+def test_a_price_per_release_prices_each_alone(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = ["--replica-cost", "A=4.00/h", "--replica-cost", "B=1.20/h"]
+    assert main([*ARGS, *prices, "--db", str(db), "--format", "json"]) == 0
+    rel = {r["label"]: r["cost"] for r in json.loads(capsys.readouterr().out)["releases"]}
+    for label, price in (("A", 4.0), ("B", 1.2)):
+        assert rel[label]["replica_cost_per_h"] == price
+        assert rel[label]["cost_per_1k"] == pytest.approx(
+            rel[label]["replica_seconds_per_1k"] * price / 3600, rel=1e-4
+        )
+
+
 @pytest.mark.parametrize("fmt", ["table", "markdown"])
 def test_people_formats_show_every_release_and_the_summary(
     db: Path, capsys: pytest.CaptureFixture[str], fmt: str
@@ -75,6 +88,7 @@ def test_html_page_draws_the_capacity_part(
     ("extra", "needle"),
     [
         (["--replica-cost", "cheap"], "--replica-cost"),
+        (["--replica-cost", "C=1/h"], "not a --version"),
         (["--gpus-per-replica", "0"], "--gpus-per-replica"),
         (["--version", "nope"], "nope"),
     ],

@@ -502,14 +502,15 @@ class Analysis:
         *,
         slo: str | Slo,
         window_s: float = 10.0,
-        replica_cost: str | float | None = None,
+        replica_cost: str | float | Sequence[str] | None = None,
         gpus_per_replica: int = 1,
         queue_budget_ms: float | None = None,
         service: str | None = None,
         route: str | None = None,
     ) -> CapacityResult:
         """Which binds first, latency under bursts or cost per request, and how to batch
-        (docs/capacity.md). ``replica_cost``: a replica's price per hour (``2.50/h``);
+        (docs/capacity.md). ``replica_cost``: a replica's price per hour (``2.50/h``), or
+        prices per release (``["A=4.00/h", "B=1.20/h"]``, a bare price the default);
         ``queue_budget_ms``: the batch queue's share of the objective (default a fifth)."""
         from tracekit.analysis.capacity.analyse import capacity  # its own layer, loaded on use
 
@@ -517,7 +518,7 @@ class Analysis:
         # the window, GPU count and cost are checked by the analysis itself
         if queue_budget_ms is not None and queue_budget_ms <= 0:
             raise ConfigError(f"--queue-budget must be positive, got {queue_budget_ms:g} ms")
-        cost = None if replica_cost is None else units.parse_cost_per_hour(replica_cost)
+        cost = units.parse_replica_costs(replica_cost, labels)
         result: CapacityResult = capacity(
             self._store,
             labels,

@@ -34,6 +34,8 @@ Examples:
   tracekit capacity --version A --version B --slo "p95<100ms"
   tracekit capacity --version v2 --slo "p95<100ms" --window 10s --replica-cost 2.50/h
   tracekit capacity --version v2 --slo "p99<250ms" --queue-budget 20ms --format json
+  tracekit capacity --version A --version B --slo "p95<100ms" \
+      --replica-cost A=4.00/h --replica-cost B=1.20/h
 """
 
 
@@ -51,7 +53,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--replica-cost",
         metavar="PRICE",
-        help="a replica's price per hour, e.g. 2.50/h (for cost per 1,000 requests)",
+        action="append",
+        help="a replica's price per hour, e.g. 2.50/h (for cost per 1,000 requests); "
+        "per release on other hardware: --replica-cost A=4.00/h --replica-cost B=1.20/h",
     )
     parser.add_argument(
         "--gpus-per-replica", type=int, default=1, metavar="N", help="GPUs each replica holds"

@@ -32,6 +32,7 @@ Example:
   tracekit demo --training --regression straggler
   tracekit demo --otlp-endpoint http://localhost:4318   # the same spans also go to Jaeger
   tracekit demo --collect      # spans over OTLP into `tracekit collect`; metrics scraped
+  tracekit demo --capacity     # small vs big batches under bursty load: `tracekit capacity`
 """
 
 
@@ -99,6 +100,13 @@ def register(sub: Any) -> None:
         action="store_true",
         help="instead: a 1-rank and a 2-rank DDP run (gloo, CPU) and the scaling diff, "
         "e.g. tracekit demo --training --regression data",
+    )
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead: release A (batches of 2, two workers) and B (batches of 16, one "
+        "worker) under bursty load, and `tracekit capacity`'s verdict for each, "
+        "e.g. tracekit demo --capacity --keep cap-out",
     )
     parser.add_argument(
         "--duration",
@@ -197,6 +205,14 @@ def prepare_keep(path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tracekit.errors import ConfigError
 
+    if args.capacity:
+        if args.training or args.regression is not None or args.collect:
+            raise ConfigError("--capacity runs alone: drop --training, --regression, --collect")
+        if args.keep is not None:
+            prepare_keep(args.keep)
+        from tracekit.demo.capacity import run_capacity_demo
+
+        return run_capacity_demo(keep=args.keep, seed=args.seed)
     name = check_regression(args.regression, training=args.training)
     if args.keep is not None:
         prepare_keep(args.keep)

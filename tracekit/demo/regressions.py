@@ -32,6 +32,12 @@ class Knobs:
     """How long the first request of a batch waits for others."""
     batch_workers: int = 2
     """Batches that may execute at once (threads running the model)."""
+    device_fixed_ms: float = 0.0
+    """Stand-in accelerator (``demo --capacity``): a batch's execution also waits this
+    long, plus :attr:`device_per_request_ms` per member, with the GIL released, as a
+    host thread waits for a GPU batch; 0 for the other demos (the CPU model alone)."""
+    device_per_request_ms: float = 0.0
+    """The stand-in accelerator's time per request of a batch."""
     model_hidden: int = 128
     """Width of the ranking MLP's hidden layers."""
     model_layers: int = 2

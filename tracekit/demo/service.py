@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,8 +101,13 @@ class Ranker:
 
     def run_batch(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # Sync: the batcher runs it in a worker thread, off the event loop.
+        knobs = self.settings.knobs
         with tracekit.model_execution():
-            return ranking.score_batch(self.model, inputs)
+            scores = ranking.score_batch(self.model, inputs)
+            device_ms = knobs.device_fixed_ms + knobs.device_per_request_ms * len(inputs)
+            if device_ms > 0:  # the stand-in accelerator (demo --capacity); GIL released
+                time.sleep(device_ms / 1000.0)
+            return scores
 
     def preprocess(self, user: Any, item_ids: list[int]) -> torch.Tensor:
         # Runs in a worker thread (asyncio.to_thread copies the trace context), so the

@@ -15,6 +15,7 @@ check lands in the traces.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import socket
@@ -56,6 +57,10 @@ ENV_DOWNSTREAM_URL = "TRACEKIT_DEMO_DOWNSTREAM_URL"
 """Base URL of the pricing service (ranker only)."""
 ENV_SEED = "TRACEKIT_DEMO_SEED"
 """Seed of every random choice a service makes (latencies, slow calls, data)."""
+ENV_BATCH = "TRACEKIT_DEMO_BATCH"
+"""Batcher of the ranker as ``max_batch_size,max_wait_ms,workers`` (e.g. ``16,20,1``),
+optionally followed by the stand-in accelerator's ``,fixed_ms,per_request_ms`` per batch
+(``demo --capacity``); empty: the regression's."""
 
 ENV_VARS: tuple[str, ...] = (
     ENV_HOST,
@@ -66,6 +71,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_OTLP_ENDPOINT,
     ENV_DOWNSTREAM_URL,
     ENV_SEED,
+    ENV_BATCH,
 )
 """Every variable a demo process reads."""
 
@@ -97,10 +103,63 @@ class Settings:
     otlp_endpoint: str
     downstream_url: str
     seed: int
+    batch: BatchKnobs | None = None
+    """The batcher (and stand-in accelerator) over the regression's; None: its own."""
 
     @property
     def knobs(self) -> Knobs:
-        return knobs_for(self.regression)
+        knobs = knobs_for(self.regression)
+        if self.batch is None:
+            return knobs
+        b = self.batch
+        return dataclasses.replace(
+            knobs,
+            batch_max_size=b.max_batch_size,
+            batch_max_wait_ms=b.max_wait_ms,
+            batch_workers=b.workers,
+            device_fixed_ms=b.device_fixed_ms,
+            device_per_request_ms=b.device_per_request_ms,
+        )
+
+
+@dataclass(frozen=True)
+class BatchKnobs:
+    """A ranker's batcher and its stand-in accelerator, as :data:`ENV_BATCH` carries them."""
+
+    max_batch_size: int
+    max_wait_ms: float
+    workers: int
+    device_fixed_ms: float = 0.0
+    device_per_request_ms: float = 0.0
+
+    def env_value(self) -> str:
+        """The :data:`ENV_BATCH` value (:func:`parse_batch` reads it back)."""
+        return (
+            f"{self.max_batch_size},{self.max_wait_ms:g},{self.workers},"
+            f"{self.device_fixed_ms:g},{self.device_per_request_ms:g}"
+        )
+
+
+def parse_batch(raw: str) -> BatchKnobs | None:
+    """``max_batch_size,max_wait_ms,workers[,fixed_ms,per_request_ms]`` from
+    :data:`ENV_BATCH`; None when empty."""
+    if not raw:
+        return None
+    parts = raw.split(",")
+    try:
+        if len(parts) not in (3, 5):
+            raise ValueError
+        device = (float(parts[3]), float(parts[4])) if len(parts) == 5 else (0.0, 0.0)
+        knobs = BatchKnobs(int(parts[0]), float(parts[1]), int(parts[2]), *device)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_BATCH}={raw!r}: give max_batch_size,max_wait_ms,workers"
+            "[,device_fixed_ms,device_per_request_ms], e.g. 16,20,1 or 16,20,1,10,12"
+        ) from None
+    values = (knobs.max_wait_ms, knobs.device_fixed_ms, knobs.device_per_request_ms)
+    if knobs.max_batch_size < 1 or knobs.workers < 1 or not all(0 <= v < 60_000 for v in values):
+        raise ConfigError(f"{ENV_BATCH}={raw!r}: sizes and workers >= 1, times >= 0 ms")
+    return knobs
 
 
 def build_parser(prog: str, description: str, *, downstream: bool) -> argparse.ArgumentParser:
@@ -114,6 +173,11 @@ def build_parser(prog: str, description: str, *, downstream: bool) -> argparse.A
     parser.add_argument("--otlp-endpoint", help=f"OTLP/HTTP endpoint [{ENV_OTLP_ENDPOINT}]")
     if downstream:
         parser.add_argument("--downstream-url", help=f"pricing service [{ENV_DOWNSTREAM_URL}]")
+        parser.add_argument(
+            "--batch",
+            help="batcher as max_batch_size,max_wait_ms,workers[,device_fixed_ms,"
+            f"device_per_request_ms] [{ENV_BATCH}]",
+        )
     parser.add_argument("--seed", type=int, help=f"random seed [{ENV_SEED}]")
     return parser
 
@@ -149,6 +213,7 @@ def parse_settings(
         otlp_endpoint=pick(args.otlp_endpoint, ENV_OTLP_ENDPOINT, ""),
         downstream_url=pick(getattr(args, "downstream_url", None), ENV_DOWNSTREAM_URL, ""),
         seed=args.seed if args.seed is not None else _env_int(env, ENV_SEED, 0),
+        batch=parse_batch(pick(getattr(args, "batch", None), ENV_BATCH, "")),
     )
     knobs_for(settings.regression)  # unknown names fail here, before anything starts
     return settings

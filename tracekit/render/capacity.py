@@ -117,12 +117,14 @@ def _release_lines(r: ReleaseCapacity, md: bool) -> list[str]:
     lines += [
         "",
         f"peak windows: {r.peak_rule}",
-        f"spikes: {s.count}, lasting {_num(s.duration_s_p50, '{:.0f}')} s (p50) / "
-        f"{_num(s.duration_s_p90, '{:.0f}')} s (p90), {_num(s.rate_ratio, '{:.1f}')}× the median "
+        f"spikes: {s.count}, lasting {_num(s.duration_s_p50, '{:.1f}')} s (p50) / "
+        f"{_num(s.duration_s_p90, '{:.1f}')} s (p90), {_num(s.rate_ratio, '{:.1f}')}× the median "
         f"rate; p95 inside {ms(s.p95_inside_ms)}, outside {ms(s.p95_outside_ms)}",
         f"cost: {_num(c.replica_seconds_per_1k)} replica-seconds per 1,000 accepted requests"
         + (f", {_num(c.cost_per_1k, '{:,.3f}')} per 1,000" if c.cost_per_1k is not None else "")
-        + f"; GPU busy {pct(c.gpu_busy_fraction)}",
+        + (f" at {c.replica_cost_per_h:,.2f}/h" if c.replica_cost_per_h is not None else "")
+        + f"; GPU busy {pct(c.gpu_busy_fraction)}"
+        + f", execution busy (wall) {pct(c.execution_busy_fraction)}",
         (
             f"headroom: the objective breaks above {h.knee_rps_per_replica:,.1f} req/s per "
             f"replica; peak seen {h.peak_rps_per_replica:,.1f} req/s per replica"

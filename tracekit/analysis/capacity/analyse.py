@@ -8,19 +8,23 @@ not judged. Windows are *peak* above :data:`PEAK_FACTOR` × the median rate of t
 with requests, or, when that marks none, the top decile by rate (``peak_rule`` says which).
 A run of consecutive peak windows is a *spike*.
 
-Cost is replica-seconds per 1,000 accepted requests (× ``--replica-cost`` per hour when
-given); GPU busy is, per replica, the union of its model-execution intervals (device time
-where measured) ÷ the time it served, averaged over replicas. The verdict:
+Cost is replica-seconds per 1,000 accepted requests (× the release's ``--replica-cost``
+per hour when given); GPU busy is, per replica, the union of its model-execution intervals
+(device time where measured) ÷ the time it served, averaged over replicas; execution busy
+is the same over the executions' wall intervals, the stand-in the verdict uses where no
+device time was measured (flag ``busy_from_wall_time``). The verdict:
 
 * ``inconclusive``: fewer than :data:`MIN_WINDOWS` judged windows, or no judged peak window;
 * ``latency_bound``: peak (or normal) windows miss in at least :data:`MISS_SHARE_BOUND` of them;
-* ``cost_bound``: it meets the objective and the GPUs are busy less than :data:`IDLE_GPU_BUSY`;
-* ``balanced`` otherwise (flag ``cost_not_judged`` when GPU busy is unknown).
+* ``cost_bound``: it meets the objective and the GPUs (else the executions) are busy less
+  than :data:`IDLE_GPU_BUSY`;
+* ``balanced`` otherwise (flag ``cost_not_judged`` when there are no model executions).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +80,7 @@ def capacity(
     *,
     span_store: Store | None = None,
     window_s: float = 10.0,
-    replica_cost_per_h: float | None = None,
+    replica_cost_per_h: float | Mapping[str, float] | None = None,
     gpus_per_replica: int = 1,
     queue_budget_ms: float | None = None,
     service: str | None = None,
@@ -85,8 +89,10 @@ def capacity(
     """Capacity, cost and batching advice for each release in ``versions``.
 
     ``span_store`` (default ``store``) answers the span-level queries (model executions,
-    batching). ``gpus_per_replica`` does not change the busy fraction (a replica's model
-    executions occupy its GPUs together); it is kept for the GPU counts of the renderers.
+    batching). ``replica_cost_per_h`` is one price for every release or a price per label
+    (releases on different hardware); a label it lacks gets no money figure.
+    ``gpus_per_replica`` does not change the busy fraction (a replica's model executions
+    occupy its GPUs together); it is kept for the GPU counts of the renderers.
     """
     if not versions:
         raise ConfigError("give at least one release to analyse (--version LABEL)")
@@ -94,8 +100,7 @@ def capacity(
         raise ConfigError(f"--window must be positive, got {window_s:g} s")
     if gpus_per_replica < 1:
         raise ConfigError(f"--gpus-per-replica must be at least 1, got {gpus_per_replica}")
-    if replica_cost_per_h is not None and replica_cost_per_h < 0:
-        raise ConfigError(f"--replica-cost must not be negative, got {replica_cost_per_h:g}")
+    prices = _prices(replica_cost_per_h, versions)
     spans = span_store if span_store is not None else store
     budget = queue_budget_ms if queue_budget_ms is not None else slo.threshold_ms / 5.0
     datas = load_releases(store, versions, service=service, route=route)
@@ -105,16 +110,24 @@ def capacity(
             slo,
             spans,
             window_s=window_s,
-            replica_cost_per_h=replica_cost_per_h,
+            replica_cost_per_h=prices.get(data.label),
             queue_budget_ms=budget,
             service=service,
         )
         for data in datas
     ]
     flags: list[Flag] = []
-    if replica_cost_per_h is None:
+    unpriced = [r.label for r in releases if r.cost.replica_cost_per_h is None]
+    if len(unpriced) == len(releases):
         flags.append(
             Flag("no_replica_cost", "no replica cost given: costs are replica-seconds only")
+        )
+    elif unpriced:
+        flags.append(
+            Flag(
+                "no_replica_cost",
+                f"no replica cost for {', '.join(unpriced)}: its cost is replica-seconds only",
+            )
         )
     return CapacityResult(
         releases=releases,
@@ -123,6 +136,23 @@ def capacity(
         summary=_summary(releases, slo),
         flags=flags,
     )
+
+
+def _prices(cost: float | Mapping[str, float] | None, versions: list[str]) -> dict[str, float]:
+    """The price per replica-hour of each release that has one."""
+    if cost is None:
+        return {}
+    given = dict(cost) if isinstance(cost, Mapping) else dict.fromkeys(versions, float(cost))
+    unknown = sorted(set(given) - set(versions))
+    if unknown:
+        raise ConfigError(
+            f"--replica-cost names {', '.join(unknown)}, which is not a --version here"
+            f" (releases: {', '.join(versions)})"
+        )
+    for label, price in given.items():
+        if not math.isfinite(price) or price < 0:
+            raise ConfigError(f"--replica-cost for {label} must be 0 or more, got {price:g}")
+    return given
 
 
 # --- one release ---------------------------------------------------------------------------
@@ -338,16 +368,20 @@ def _cost(
         if per_1k is not None and replica_cost_per_h is not None
         else None
     )
+    gpu_busy, wall_busy = _busy(data, spans, service, flags)
     return Cost(
         replica_seconds_per_1k=per_1k,
-        gpu_busy_fraction=_gpu_busy(data, spans, service, flags),
+        gpu_busy_fraction=gpu_busy,
         cost_per_1k=cost_per_1k,
+        execution_busy_fraction=wall_busy,
+        replica_cost_per_h=replica_cost_per_h,
     )
 
 
-def _gpu_busy(
+def _busy(
     data: ReleaseData, spans: Store, service: str | None, flags: list[Flag]
-) -> float | None:
+) -> tuple[float | None, float | None]:
+    """GPU busy (device time where measured; None without any) and execution busy (wall)."""
     ex = _executions(spans, data.label, service)
     if ex is None or len(ex.start_ns) == 0:
         flags.append(
@@ -357,22 +391,33 @@ def _gpu_busy(
                 " so GPU busy is unknown",
             )
         )
-        return None
+        return None, None
+    start = np.asarray(ex.start_ns, dtype=np.int64)
+    wall = np.asarray(ex.end_ns, dtype=np.int64) - start
+    inst = np.asarray(ex.instance, dtype=object).astype(str)
+    wall_busy = _busy_fraction(data, inst, start, start + np.maximum(wall, 0))
     gpu = np.asarray(ex.gpu_ns, dtype=np.float64)
     if not np.isfinite(gpu).any():
         flags.append(
             Flag(
                 "no_device_time",
-                f"{data.label}: model executions carry no {cv.GPU_TIME_NS}, so GPU busy is unknown",
+                f"{data.label}: model executions carry no {cv.GPU_TIME_NS}, so GPU busy is"
+                " unknown; their wall time (execution busy) stands in for it",
             )
         )
-        return None
-    start = np.asarray(ex.start_ns, dtype=np.int64)
-    wall = np.asarray(ex.end_ns, dtype=np.int64) - start
+        return None, wall_busy
     # Device time where measured (the GPU is busy for that long from the launch), else wall.
     busy = np.where(np.isfinite(gpu), np.minimum(np.nan_to_num(gpu), wall), wall).astype(np.int64)
-    end = start + np.maximum(busy, 0)
-    inst = np.asarray(ex.instance, dtype=object).astype(str)
+    return _busy_fraction(data, inst, start, start + np.maximum(busy, 0)), wall_busy
+
+
+def _busy_fraction(
+    data: ReleaseData,
+    inst: npt.NDArray[np.str_],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+) -> float | None:
+    """Per replica, the union of [start, end) ÷ the time it served; the mean over replicas."""
     req_inst = data.instance_ids.astype(str)
     req_end = data.start_ns + (data.duration_ms * 1e6).astype(np.int64)
     fractions = []
@@ -450,9 +495,18 @@ def _cost_text(cost: Cost) -> str:
 
 
 def _busy_text(cost: Cost) -> str:
-    if cost.gpu_busy_fraction is None:
-        return "GPU busy unknown"
-    return f"GPUs {_pct(cost.gpu_busy_fraction)} busy"
+    if cost.gpu_busy_fraction is not None:
+        return f"GPUs {_pct(cost.gpu_busy_fraction)} busy"
+    if cost.execution_busy_fraction is not None:
+        return f"model executions {_pct(cost.execution_busy_fraction)} busy (wall time)"
+    return "GPU busy unknown"
+
+
+def _judged_busy(cost: Cost) -> float | None:
+    """GPU busy, else execution busy (its stand-in where no device time was measured)."""
+    if cost.gpu_busy_fraction is not None:
+        return cost.gpu_busy_fraction
+    return cost.execution_busy_fraction
 
 
 def _verdict(
@@ -500,14 +554,24 @@ def _verdict(
         f"it meets {slo.text} in peaks ({slo.label} {_ms(_regime_q(peak, slo))},"
         f" misses in {_pct(peak.miss_share)} of peak windows)"
     )
-    if cost.gpu_busy_fraction is None:
+    busy = _judged_busy(cost)
+    if busy is None:
         flags.append(
             Flag(
-                "cost_not_judged", "GPU busy is unknown, so whether it is cost-bound is not judged"
+                "cost_not_judged",
+                "no model executions were traced, so whether it is cost-bound is not judged",
             )
         )
         return BALANCED, f"{meets} at {_cost_text(cost)}; GPU busy unknown, cost not judged"
-    if cost.gpu_busy_fraction < IDLE_GPU_BUSY:
+    if cost.gpu_busy_fraction is None:
+        flags.append(
+            Flag(
+                "busy_from_wall_time",
+                "cost judged on the model executions' wall time (no device time measured): an"
+                " upper bound of GPU busy where executions wait for the device",
+            )
+        )
+    if busy < IDLE_GPU_BUSY:
         return COST_BOUND, (
             f"{meets} with {_busy_text(cost)} (under {_pct(IDLE_GPU_BUSY)}) at {_cost_text(cost)}"
         )
@@ -527,7 +591,7 @@ def _rank_key(r: ReleaseCapacity) -> tuple[int, float]:
     if r.verdict == LATENCY_BOUND:
         return 0, -(r.peak.miss_share or 0.0)
     if r.verdict == COST_BOUND:
-        busy = r.cost.gpu_busy_fraction
+        busy = _judged_busy(r.cost)
         return 1, busy if busy is not None else 1.0
     return _ORDER[r.verdict], 0.0
 
@@ -554,8 +618,10 @@ def _summary(releases: list[ReleaseCapacity], slo: Slo) -> str:
                 f" at {_cost_text(r.cost)} against {first.label}'s {_cost_text(first.cost)}"
             )
     text = "; ".join(parts)
-    if any(r.cost.cost_per_1k is None for r in releases):
+    if all(r.cost.cost_per_1k is None for r in releases):
         text += " (costs unknown: no replica cost given)"
+    elif any(r.cost.cost_per_1k is None for r in releases):
+        text += " (money unknown where no replica cost was given)"
     return text
 
 

@@ -56,10 +56,16 @@ class Cost:
     """Replica-seconds (replicas counted from service.instance.id per window) per 1,000
     accepted requests."""
     gpu_busy_fraction: float | None
-    """Union of model-execution (batch) intervals per replica ÷ wall time, mean over replicas;
-    None without batch spans or model_execute spans."""
+    """Union of model-execution (batch) device intervals per replica ÷ wall time, mean over
+    replicas; None without model executions or without device time (``gpu_time_ns``)."""
     cost_per_1k: float | None
-    """replica_seconds_per_1k × --replica-cost per second; None without a cost."""
+    """replica_seconds_per_1k × the release's --replica-cost per second; None without one."""
+    execution_busy_fraction: float | None = None
+    """The same union over the executions' *wall* intervals: what a CPU-served model is busy,
+    and a stand-in for GPU busy where no device time was measured (flag
+    ``busy_from_wall_time``); None without model executions."""
+    replica_cost_per_h: float | None = None
+    """The price per replica-hour this release's cost was computed with."""
 
 
 @dataclass

@@ -7,6 +7,8 @@ points); the numbers are the ones ``--format json`` prints.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tracekit.analysis.capacity.model import CapacityResult
 from tracekit.render.html.charts import AFTER_COLOR, BEFORE_COLOR, Figure, _layout
 from tracekit.render.html.escape import plot_text
@@ -78,15 +80,21 @@ def cost_per_release(result: CapacityResult) -> Figure:
             "marker": {"color": BEFORE_COLOR},
         }
     ]
-    busy = [r.cost.gpu_busy_fraction for r in result.releases]
-    if any(b is not None for b in busy):
+    gpu = [r.cost.gpu_busy_fraction for r in result.releases]
+    wall = [r.cost.execution_busy_fraction for r in result.releases]
+    for name, busy, dash in (("GPU busy (%)", gpu, None), ("execution busy, wall (%)", wall, "/")):
+        if all(b is None for b in busy) or (dash and busy == gpu):
+            continue
+        marker: dict[str, Any] = {"color": AFTER_COLOR}
+        if dash:
+            marker["pattern"] = {"shape": dash}
         data.append(
             {
                 "type": "bar",
-                "name": "GPU busy (%)",
+                "name": name,
                 "x": labels,
                 "y": [None if b is None else b * 100 for b in busy],
-                "marker": {"color": AFTER_COLOR},
+                "marker": marker,
                 "yaxis": "y2",
             }
         )
