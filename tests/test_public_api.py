@@ -15,6 +15,7 @@ EXPECTED = [
     "TracekitError",
     "communication",
     "configure",
+    "generation",
     "instrument_ddp",
     "instrument_fastapi",
     "instrument_httpx",

@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "TracekitError": "tracekit.errors",
     "communication": "tracekit.instrumentation.training",
     "configure": "tracekit.instrumentation.setup",
+    "generation": "tracekit.instrumentation.generation",
     "instrument_ddp": "tracekit.instrumentation.ddp",
     "instrument_fastapi": "tracekit.instrumentation.fastapi",
     "instrument_httpx": "tracekit.instrumentation.httpx",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracekit.instrumentation.batching import DynamicBatcher as DynamicBatcher
     from tracekit.instrumentation.ddp import instrument_ddp as instrument_ddp
     from tracekit.instrumentation.fastapi import instrument_fastapi as instrument_fastapi
+    from tracekit.instrumentation.generation import generation as generation
     from tracekit.instrumentation.httpx import instrument_httpx as instrument_httpx
     from tracekit.instrumentation.setup import configure as configure
     from tracekit.instrumentation.setup import shutdown as shutdown

@@ -11,5 +11,6 @@ failure is logged once and the request goes on (see :mod:`._guard`).
 - :mod:`.sampler`    background CPU/GPU utilisation sampler
 - :mod:`.httpx`      ``instrument_httpx()``: downstream CLIENT spans, retries
 - :mod:`.torch`      ``model_execution()`` / ``instrument_model()``: device-timed model spans
+- :mod:`.generation` ``generation()``: queue, prefill and decode of a token-streaming request
 - :mod:`.batching`   ``DynamicBatcher`` and the ``BatchRecorder`` hook API
 """
