@@ -18,6 +18,7 @@ model: open once, then ask.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ from tracekit.analysis.autoscale.audit import AutoscaleResult, audit_autoscaling
 from tracekit.analysis.autoscale.model import Slo, parse_slo
 from tracekit.analysis.autoscale.rule_files import load_rule
 from tracekit.analysis.capacity.model import CapacityResult
+from tracekit.analysis.cohorts.tokens import E2E, parse_metric
 from tracekit.analysis.compare.diff import DiffResult, diff_releases
 from tracekit.analysis.compare.summary import (
     SlowFast,
@@ -106,6 +108,8 @@ class _GateSettings:
     min_effect_ms: float
     service: str | None
     route: str | None
+    metric: str = "e2e"
+    """The latency the budgets are on (``e2e``, ``ttft``, ``tpot``)."""
 
     def check_budgets(self, *, training: bool) -> None:
         """Training budgets on two releases would be silently replaced by the defaults:
@@ -116,6 +120,15 @@ class _GateSettings:
                 f"budget {self.training_budgets[0]!r} is for training runs (train_step "
                 "traces); compare two of them, or give a latency budget such as 'p99<=+10%'"
             )
+
+
+def _serving_only(metric: str) -> None:
+    """``--metric ttft|tpot`` are request latencies: two training runs have none."""
+    if metric != E2E:
+        raise ConfigError(
+            f"--metric {metric} is a latency of LLM requests; two training runs compare steps"
+            " (drop --metric)"
+        )
 
 
 def _is_training_budget(text: str) -> bool:
@@ -303,12 +316,19 @@ class Analysis:
     # --- serving and training questions -----------------------------------------------
 
     def summary(
-        self, version: str | None = None, *, service: str | None = None, route: str | None = None
+        self,
+        version: str | None = None,
+        *,
+        service: str | None = None,
+        route: str | None = None,
+        metric: str | None = None,
     ) -> list[Summary]:
-        """Requests, tail quantiles and per-stage split: of ``version``, or of every release."""
+        """Requests, tail quantiles and per-stage split: of ``version``, or of every release;
+        ``metric``: ``e2e`` (default), ``ttft`` or ``tpot`` (docs/llm.md)."""
+        m = parse_metric(metric)
         if version is None:
-            return summarize_all(self._store, service=service, route=route)
-        return [summarize_release(self._store, version, service=service, route=route)]
+            return summarize_all(self._store, service=service, route=route, metric=m)
+        return [summarize_release(self._store, version, service=service, route=route, metric=m)]
 
     def diff(
         self,
@@ -321,12 +341,16 @@ class Analysis:
         jaeger_url: str | None = None,
         seed: int = 0,
         link_gbps: float | str | None = None,
+        metric: str | None = None,
     ) -> DiffResult | TrainingDiff:
         """What ``after`` changed against ``before``: the tail's growth by stage, wait or
-        compute (releases); the lost scaling efficiency by bottleneck (training runs;
-        ``link_gbps``: the inter-node link's rate in Gb/s, for the bandwidth's share)."""
+        compute (releases; ``metric``: ``e2e`` (default), ``ttft`` or ``tpot``); the lost
+        scaling efficiency by bottleneck (training runs; ``link_gbps``: the inter-node
+        link's rate in Gb/s, for the bandwidth's share)."""
         link = None if link_gbps is None else units.parse_link_gbps(link_gbps)
+        m = parse_metric(metric)
         if self.is_training(before, after):
+            _serving_only(m)
             return diff_runs(self._span_store, before, after, link_gbps=link)
         return diff_releases(
             self._store,
@@ -337,6 +361,7 @@ class Analysis:
             confidence=confidence,
             jaeger_url=jaeger_url,
             seed=seed,
+            metric=m,
         )
 
     def slow(
@@ -372,6 +397,7 @@ class Analysis:
         seed: int = 0,
         service: str | None = None,
         route: str | None = None,
+        metric: str | None = None,
     ) -> GateResult | TrainingGateResult:
         """Pass, fail or inconclusive for ``after`` against budgets (docs/gate.md).
 
@@ -381,9 +407,11 @@ class Analysis:
         are on samples/s, step time or efficiency (docs/training.md).
         """
         s = self._gate_settings(budgets, config, confidence, min_effect_ms, service, route)
+        s = dataclasses.replace(s, metric=parse_metric(metric))
         training = self.is_training(before, after)
         s.check_budgets(training=training)
         if training:
+            _serving_only(s.metric)
             return gate_runs(
                 self._span_store,
                 before,
@@ -463,12 +491,15 @@ class Analysis:
         route: str | None = None,
         confidence: float | None = None,
         seed: int = 0,
+        metric: str | None = None,
     ) -> Report:
         """Everything the release report shows: diff, gate (``gate`` when already run,
         else run with ``budgets``/``config``), exemplar waterfalls and, given ``slo``,
         the autoscaling time line of both releases; two training runs: their diff."""
         s = self._gate_settings(budgets, config, confidence, None, service, route)
+        s = dataclasses.replace(s, metric=parse_metric(metric))
         if self.is_training(before, after):
+            _serving_only(s.metric)
             return reports.training_report(self._span_store, before, after)
         s.check_budgets(training=False)
         if gate is None:
@@ -486,6 +517,7 @@ class Analysis:
             route=s.route,
             confidence=gate.confidence,
             seed=seed,
+            metric=s.metric,
         )
 
     def slow_report(
@@ -552,6 +584,7 @@ class Analysis:
             seed=seed,
             service=s.service,
             route=s.route,
+            metric=s.metric,
         )
 
     def _gate_settings(

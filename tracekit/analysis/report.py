@@ -18,6 +18,7 @@ from tracekit.analysis.autoscale.audit import AutoscaleResult, audit_autoscaling
 from tracekit.analysis.autoscale.model import Slo
 from tracekit.analysis.capacity.model import CapacityResult
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
+from tracekit.analysis.cohorts.tokens import E2E, load_metric
 from tracekit.analysis.compare.diff import DiffResult, Exemplar, diff_releases
 from tracekit.analysis.compare.summary import SlowFast
 from tracekit.analysis.gate.evaluate import GateResult
@@ -119,9 +120,14 @@ def release_report(
     route: str | None = None,
     confidence: float = 0.95,
     seed: int = 0,
+    metric: str = E2E,
 ) -> Report:
     """Two releases: diff, ``gate``, exemplar waterfalls and, given ``slo``, the
-    autoscaling audit of both releases as one time line."""
+    autoscaling audit of both releases as one time line; ``metric``: the latency the diff
+    and the charts compare (``e2e``, ``ttft``, ``tpot``)."""
+    (before_data, after_data), _ = load_metric(
+        store, [before, after], metric, service=service, route=route
+    )
     diff = diff_releases(
         store,
         before,
@@ -131,6 +137,7 @@ def release_report(
         confidence=confidence,
         seed=seed,
         jaeger_url=jaeger_url,
+        metric=metric,
     )
     primary = diff.verdict.primary_stage
     note = f"From the {after} tail (≥ {diff.tail.cohort})" + (
@@ -142,8 +149,8 @@ def release_report(
         source=str(store.path),
         diff=diff,
         gate=gate,
-        before=load_release(store, before, service=service, route=route),
-        after=load_release(store, after, service=service, route=route),
+        before=before_data,
+        after=after_data,
         waterfalls=drawn,
         notes=notes,
     )

@@ -37,6 +37,15 @@ def add_version(
     parser.add_argument("--version", dest=dest, metavar="V", action=action, default=None, help=help)
 
 
+def add_metric(parser: argparse.ArgumentParser) -> None:
+    """``--metric e2e|ttft|tpot``: which latency of a request the command reads."""
+    parser.add_argument(
+        "--metric", choices=("e2e", "ttft", "tpot"), default="e2e",
+        help="latency to read: e2e (the request, default), ttft (time to first token: "
+        "queue + prefill) or tpot (time per output token) of LLM requests (docs/llm.md)",
+    )  # fmt: skip
+
+
 def add_filters(parser: argparse.ArgumentParser, *, route: bool = True) -> None:
     """``--service`` and ``--route``: which requests a command reads."""
     parser.add_argument("--service", metavar="NAME", help="only requests entering this service")
@@ -58,11 +67,7 @@ def add_confidence(parser: argparse.ArgumentParser, *, default: float | None = 0
 
 def add_jaeger_url(parser: argparse.ArgumentParser, *, links: str = "exemplar links") -> None:
     parser.add_argument(
-        "--jaeger-url",
-        default=None,
-        type=http_url_type,
-        metavar="URL",
-        help=f"Jaeger UI base URL for {links}",
+        "--jaeger-url", type=http_url_type, metavar="URL", help=f"Jaeger UI base URL for {links}"
     )
 
 
@@ -70,7 +75,6 @@ def add_html(parser: argparse.ArgumentParser, what: str) -> None:
     """``--html FILE`` for a command that can draw its part of the report."""
     parser.add_argument(
         "--html",
-        default=None,
         metavar="FILE",
         help=f"also write {what} as a self-contained HTML page (as `tracekit report` does)",
     )
@@ -78,11 +82,9 @@ def add_html(parser: argparse.ArgumentParser, what: str) -> None:
 
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="table",
+        "--format", choices=FORMATS, default="table",
         help="table for people, json for scripts (schema in docs/json.md), markdown for PRs",
-    )
+    )  # fmt: skip
 
 
 def add_link_gbps(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from tracekit.commands._options import (
     add_format,
     add_jaeger_url,
     add_link_gbps,
+    add_metric,
     add_releases,
 )
 from tracekit.commands._store import add_store, open_analysis
@@ -27,6 +28,7 @@ Example:
   tracekit diff --before v1 --after v2 --jaeger-url http://localhost:16686
   tracekit diff --before 8gpu --after 64gpu --link-gbps 400
   tracekit diff --before v1 --after v2 --format json > diff.json
+  tracekit diff --before v1 --after v2 --metric ttft   # LLM: time to first token
 """
 
 
@@ -39,6 +41,7 @@ def register(sub: Any) -> None:
     )
     add_releases(parser)
     add_filters(parser)
+    add_metric(parser)
     add_jaeger_url(parser)
     add_confidence(parser)
     add_link_gbps(parser)
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             confidence=args.confidence,
             jaeger_url=args.jaeger_url,
             link_gbps=args.link_gbps,
+            metric=args.metric,
         )
     emit(result, args.format)
     return 0

@@ -12,6 +12,7 @@ from tracekit.commands._options import (
     add_filters,
     add_format,
     add_html,
+    add_metric,
     add_releases,
 )
 from tracekit.commands._pages import write_page
@@ -70,6 +71,7 @@ def register(sub: Any) -> None:
     )
     add_confidence(parser, default=None)
     add_filters(parser)
+    add_metric(parser)
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (results repeat)")
     parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
     parser.add_argument(
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         service=args.service,
         route=args.route,
+        metric=args.metric,
     )
     with open_analysis(args, releases=(args.before, args.after)) as analysis:
         result = analysis.gate(args.before, args.after, min_effect_ms=args.min_effect, **options)

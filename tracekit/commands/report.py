@@ -10,6 +10,7 @@ from tracekit.commands._options import (
     add_confidence,
     add_filters,
     add_jaeger_url,
+    add_metric,
     add_releases,
     add_slo,
     add_window,
@@ -59,6 +60,7 @@ def register(sub: Any) -> None:
     )
     add_jaeger_url(parser, links="trace links")
     add_filters(parser)
+    add_metric(parser)
     add_confidence(parser)
     add_store(parser)
     parser.set_defaults(handler=run)
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             service=args.service,
             route=args.route,
             confidence=args.confidence,
+            metric=args.metric,
         )
     out = write_page(args.output, report, args, option="-o/--output")
     size = out.stat().st_size / 1e6

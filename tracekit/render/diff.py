@@ -16,6 +16,7 @@ from tracekit.analysis.cohorts.bubbleup import AttributeLift
 from tracekit.analysis.compare.diff import DiffResult, Exemplar
 from tracekit.analysis.results import Flag
 from tracekit.render.common import (
+    _jsonable,
     as_text,
     markdown_table,
     ms,
@@ -163,12 +164,18 @@ def flag_items(flags: Sequence[Flag]) -> list[str]:
     return [f"- **{printable(f.code)}**: {printable(f.message)}" for f in flags]
 
 
+def metric_label(metric: str) -> str:
+    """How a table names the latency compared: nothing for e2e, ``TTFT`` / ``TPOT``."""
+    return "" if metric == "e2e" else f" ({metric.upper()})"
+
+
 def render_table(result: DiffResult) -> str:
     parts: list[Any] = [
         as_text(result.verdict.summary, style="bold"),
         "",
         _table(
-            f"Latency {result.before.label} → {result.after.label} ({result.confidence:.0%} bootstrap CI)",
+            f"Latency{metric_label(result.metric)} {result.before.label} → {result.after.label}"
+            f" ({result.confidence:.0%} bootstrap CI)",
             LATENCY_HEADERS,
             latency_rows(result),
         ),
@@ -202,7 +209,8 @@ def render_table(result: DiffResult) -> str:
 
 def render_markdown(result: DiffResult) -> str:
     out = [
-        f"### tracekit diff: {printable(result.before.label)} → {printable(result.after.label)}",
+        f"### tracekit diff{metric_label(result.metric)}: {printable(result.before.label)}"
+        f" → {printable(result.after.label)}",
         "",
         f"**{printable(result.verdict.summary)}**",
         "",
@@ -231,7 +239,8 @@ def render_markdown(result: DiffResult) -> str:
 
 
 def render_json(result: DiffResult) -> str:
-    return to_json(result)
+    doc = _jsonable(result)
+    return to_json({"metric": doc.pop("metric"), **doc})  # the latency compared, first
 
 
 RENDERERS: dict[str, Callable[[Any], str]] = {

@@ -83,6 +83,7 @@ def as_dict(result: GateResult) -> dict[str, Any]:
         "confidence": result.confidence,
         "correction": result.correction,
         "min_effect_ms": result.min_effect_ms,
+        "metric": result.metric,
         "checks": checks,
         "verdict": None
         if v is None

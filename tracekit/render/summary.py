@@ -41,7 +41,31 @@ def _num(value: float) -> str:
 def latency_line(s: Summary) -> str:
     qs = ", ".join(f"{k} {_num(v)}" for k, v in s.latency.items())
     count = requests_text(s.requests, s.estimated_requests)
-    return f"{release_name(s.label)}: {count} ({s.errors} errors); {qs} ms"
+    what = "" if s.metric == "e2e" else f" {s.metric.upper()}"
+    return f"{release_name(s.label)}: {count} ({s.errors} errors);{what} {qs} ms"
+
+
+def tokens_line(s: Summary) -> str | None:
+    """``tokens: TTFT p50 … ms, TPOT p50 … ms; prompt p50 … tokens, output p50 …``."""
+    t = s.tokens
+    if t is None:
+        return None
+    parts = []
+    for name, qs in (("TTFT", t.ttft_ms), ("TPOT", t.tpot_ms)):
+        if qs is not None:
+            parts.append(f"{name} " + ", ".join(f"{k} {_num(v)}" for k, v in qs.items()) + " ms")
+    counts = [
+        f"{label} {value:,.0f}"
+        for label, value in (
+            ("prompt p50", t.prompt_tokens_p50),
+            ("prompt p95", t.prompt_tokens_p95),
+            ("output p50", t.output_tokens_p50),
+        )
+        if value is not None
+    ]
+    if counts:
+        parts.append(", ".join(counts) + " tokens")
+    return "tokens: " + "; ".join(parts) if parts else None
 
 
 def summary_rows(s: Summary) -> list[list[str]]:
@@ -80,6 +104,7 @@ def render_summaries_table(summaries: Sequence[Summary]) -> str:
         parts += [
             as_text(s.summary, style="bold"),
             as_text(latency_line(s)),
+            *([as_text(line)] if (line := tokens_line(s)) else []),
             _table(
                 f"Stages of {release_name(s.label)} (tail = ≥ {s.cohort}, {s.tail_requests} requests)",
                 SUMMARY_HEADERS,
@@ -101,6 +126,7 @@ def render_summaries_markdown(summaries: Sequence[Summary]) -> str:
             "",
             printable(latency_line(s)),
             "",
+            *([printable(line), ""] if (line := tokens_line(s)) else []),
             markdown_table(SUMMARY_HEADERS, summary_rows(s)),
             "",
         ]

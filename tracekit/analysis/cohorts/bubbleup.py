@@ -70,19 +70,49 @@ SKIPPED_PATTERN = (
 
 _REQ_CTE = """
 WITH req AS (
-    SELECT trace_id, sample_weight AS w, duration_ns >= $threshold_ns AS slow,
+    SELECT trace_id, sample_weight AS w, {slow} AS slow,
            host_name, instance_id
     FROM requests
     WHERE coalesce(release, '') = $release AND ($service IS NULL OR service_name = $service)
       AND ($route IS NULL OR route = $route OR name = $route)
-      AND (duration_ns >= $threshold_ns OR hash(trace_id) % $buckets < $keep)
+      AND ({slow} OR hash(trace_id) % $buckets < $keep)
 )"""
+_SLOW_BY_DURATION = "duration_ns >= $threshold_ns"
+_SLOW_BY_IDS = "trace_id IN (SELECT trace_id FROM _tk_slow_ids)"
+"""Slow by another latency than the duration (``--metric ttft``): the tail's trace ids."""
+
+PROMPT_BINS: tuple[tuple[float, str], ...] = (
+    (512, "≤512"),
+    (1024, "513–1024"),
+    (2048, "1025–2048"),
+    (4096, "2049–4096"),
+    (8192, "4097–8192"),
+)
+"""Upper bound and label of each prompt-length bin; longer prompts are ``>8192``."""
+PROMPT_BIN_KEY = "gen_ai.usage.prompt_tokens (binned)"
+"""The ranked attribute that says which prompt lengths the slow requests have."""
+
+
+def _prompt_bin_sql() -> str:
+    tokens = (
+        f"coalesce(TRY_CAST(json_extract_string(s.attributes, '$.\"{cv.GEN_AI_USAGE_PROMPT_TOKENS}\"')"
+        f" AS DOUBLE), TRY_CAST(json_extract_string(s.attributes,"
+        f" '$.\"{cv.GEN_AI_USAGE_INPUT_TOKENS}\"') AS DOUBLE))"
+    )
+    cases = " ".join(f"WHEN t <= {bound:g} THEN '{label}'" for bound, label in PROMPT_BINS)
+    return f"""
+    UNION
+    SELECT DISTINCT trace_id, '{PROMPT_BIN_KEY}', CASE {cases} ELSE '>8192' END
+    FROM (SELECT s.trace_id, {tokens} AS t FROM spans s JOIN req r ON s.trace_id = r.trace_id)
+    WHERE t IS NOT NULL AND t >= 0"""
+
 
 _SQL = (
     _REQ_CTE
     + """,
 pairs AS (
     {span_pairs}
+    {prompt_bins}
     UNION
     SELECT trace_id, $host_key, host_name FROM req WHERE host_name IS NOT NULL
     UNION
@@ -165,8 +195,29 @@ def rank_attributes(
     service: str | None = None,
     route: str | None = None,
     top: int = TOP,
+    slow_ids: list[str] | None = None,
 ) -> list[AttributeLift]:
-    """Values over-represented in requests of ``release`` at or above ``threshold_ms``."""
+    """Values over-represented in requests of ``release`` at or above ``threshold_ms``
+    (or, given ``slow_ids``, in those traces: the tail of another latency than the
+    duration). Prompt lengths are ranked in bins (:data:`PROMPT_BINS`)."""
+    if slow_ids is None:
+        return _rank(store, release, threshold_ms, _SLOW_BY_DURATION, service, route, top)
+    store.register_rows("_tk_slow_ids", ("trace_id",), [(t,) for t in slow_ids])
+    try:
+        return _rank(store, release, threshold_ms, _SLOW_BY_IDS, service, route, top)
+    finally:
+        store.con.unregister("_tk_slow_ids")
+
+
+def _rank(
+    store: Store,
+    release: str,
+    threshold_ms: float,
+    slow: str,
+    service: str | None,
+    route: str | None,
+    top: int,
+) -> list[AttributeLift]:
     params: dict[str, object] = {
         "release": release,
         "service": service,
@@ -175,12 +226,15 @@ def rank_attributes(
         "buckets": _HASH_BUCKETS,
         "keep": _HASH_BUCKETS,
     }
-    totals = store.con.execute(_TOTALS_SQL, params).fetchone()
+    if slow != _SLOW_BY_DURATION:
+        del params["threshold_ns"]  # DuckDB refuses a parameter the query does not use
+    totals_sql = _TOTALS_SQL.replace("{slow}", slow)
+    totals = store.con.execute(totals_sql, params).fetchone()
     if totals is None or float(totals[0]) <= 0:
         return []
     if int(totals[2]) > MAX_REST_TRACES:
         params["keep"] = int(_HASH_BUCKETS * MAX_REST_TRACES / int(totals[2]))
-        totals = store.con.execute(_TOTALS_SQL, params).fetchone()
+        totals = store.con.execute(totals_sql, params).fetchone()
         if totals is None:
             return []
     slow_total, rest_total = float(totals[0]), float(totals[1])
@@ -188,11 +242,14 @@ def rank_attributes(
     attributed = getattr(store, "attributed", False)
     if attributed and store.load_pairs is not None:  # type: ignore[attr-defined]
         # Only the requests ranked below leave the engine for their attribute pairs.
-        ids = [str(r[0]) for r in store.con.execute(_IDS_SQL, params).fetchall()]
+        ids_sql = _IDS_SQL.replace("{slow}", slow)
+        ids = [str(r[0]) for r in store.con.execute(ids_sql, params).fetchall()]
         store.load_pairs(ids)  # type: ignore[attr-defined]
     pairs = ATTRIBUTED_PAIRS if attributed else SPAN_PAIRS
     rows = store.con.execute(
-        _SQL.replace("{span_pairs}", pairs),
+        _SQL.replace("{span_pairs}", pairs)
+        .replace("{prompt_bins}", "" if attributed else _prompt_bin_sql())
+        .replace("{slow}", slow),
         {
             **params,
             **pair_parameters(),

@@ -20,13 +20,14 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
-from tracekit.analysis.cohorts.release import ReleaseData, load_releases
+from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.sampling import (
     UNWEIGHTED_TAIL_SAMPLING,
     estimated_requests,
     unweighted_tail_sampling,
 )
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta
+from tracekit.analysis.cohorts.tokens import E2E, load_metric
 from tracekit.analysis.compare.intervals import CLUSTER_S, clustered_quantile_deltas
 from tracekit.analysis.compare.wording import (
     cpu_flag,
@@ -116,6 +117,8 @@ class DiffResult:
     attributes: list[AttributeLift] = field(default_factory=list)
     exemplars: list[Exemplar] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
+    metric: str = "e2e"
+    """The latency compared: ``e2e``, ``ttft`` or ``tpot`` (docs/llm.md)."""
 
 
 def _latency_row(d: QuantileDelta) -> LatencyRow:
@@ -351,17 +354,30 @@ def diff_releases(
     confidence: float = 0.95,
     seed: int = 0,
     jaeger_url: str | None = None,
+    metric: str = E2E,
 ) -> DiffResult:
-    """Diff two releases in the store, with the attribute ranking of the after release.
+    """Diff two releases in the store, with the attribute ranking of the after release;
+    ``metric``: the latency compared (``e2e``, ``ttft``, ``tpot``; docs/llm.md).
 
     Raises :class:`~tracekit.errors.QueryError` naming the releases present when either
     label is unknown.
     """
     # Both releases in one pass over request_stages: its join on the trace id is the
     # largest part of a load at a million requests.
-    b, a = load_releases(store, [before, after], service=service, route=route)
+    (b, a), view_flags = load_metric(store, [before, after], metric, service=service, route=route)
     result = compute_diff(b, a, confidence=confidence, seed=seed, jaeger_url=jaeger_url)
+    slow_ids = None
+    if metric != E2E:  # the tail of this metric, by trace, not of the request's duration
+        tail = a.duration_ms >= result.tail.threshold_after_ms
+        slow_ids = [str(t) for t in a.trace_ids[tail]]
     attributes = rank_attributes(
-        store, after, result.tail.threshold_after_ms, service=service, route=route
+        store,
+        after,
+        result.tail.threshold_after_ms,
+        service=service,
+        route=route,
+        slow_ids=slow_ids,
     )
-    return dataclasses.replace(result, attributes=attributes)
+    return dataclasses.replace(
+        result, attributes=attributes, metric=metric, flags=[*result.flags, *view_flags]
+    )

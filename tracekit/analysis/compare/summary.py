@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,13 @@ from tracekit.analysis.cohorts.sampling import (
     unweighted_tail_sampling,
 )
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, weighted_quantiles
+from tracekit.analysis.cohorts.tokens import (
+    E2E,
+    TokenSummary,
+    metric_view,
+    read_tokens,
+    token_summary,
+)
 from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar
 from tracekit.analysis.compare.wording import (
     few_requests_flag,
@@ -71,6 +79,11 @@ class Summary:
     flags: list[Flag] = field(default_factory=list)
     estimated_requests: float = 0.0
     """Summed sample weights: the requests ``requests`` kept ones stand for."""
+    metric: str = "e2e"
+    """The latency summarised: ``e2e``, ``ttft`` or ``tpot`` (docs/llm.md)."""
+    tokens: TokenSummary | None = None
+    """Time to first token, time per output token and token counts, where the requests
+    carry LLM stages or token attributes; None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -174,20 +187,39 @@ def compute_summary(rel: ReleaseData) -> Summary:
 
 
 def summarize_release(
-    store: Store, label: str, *, service: str | None = None, route: str | None = None
+    store: Store,
+    label: str,
+    *,
+    service: str | None = None,
+    route: str | None = None,
+    metric: str = E2E,
 ) -> Summary:
-    """Summary of release ``label``; :class:`QueryError` naming the releases when absent."""
-    return compute_summary(load_release(store, label, service=service, route=route))
+    """Summary of release ``label`` (of ``metric``: ``e2e``, ``ttft``, ``tpot``), with its
+    token latencies beside when it has any; :class:`QueryError` naming the releases when
+    absent."""
+    data = load_release(store, label, service=service, route=route)
+    tokens = read_tokens(store, data, service=service, route=route)
+    view, flags = metric_view(data, metric, tokens)
+    summary = compute_summary(view)
+    return dataclasses.replace(
+        summary,
+        metric=metric,
+        tokens=token_summary(data, tokens),
+        flags=[*summary.flags, *flags],
+    )
 
 
 def summarize_all(
-    store: Store, *, service: str | None = None, route: str | None = None
+    store: Store, *, service: str | None = None, route: str | None = None, metric: str = E2E
 ) -> list[Summary]:
     """One summary per release in the store, most requests first."""
     labels = [label for label, _ in store.releases()]
     if not labels:
         raise QueryError(f"no requests in {store.path}: run `tracekit ingest FILE` first")
-    return [summarize_release(store, label, service=service, route=route) for label in labels]
+    return [
+        summarize_release(store, label, service=service, route=route, metric=metric)
+        for label in labels
+    ]
 
 
 def _gap_rows(

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis.cohorts.release import ReleaseData, load_releases
+from tracekit.analysis.cohorts.release import ReleaseData
 from tracekit.analysis.cohorts.sampling import (
     UNWEIGHTED_TAIL_SAMPLING,
     estimated_requests,
@@ -54,6 +54,7 @@ from tracekit.analysis.cohorts.stats import (
     tail_samples,
     weighted_quantiles,
 )
+from tracekit.analysis.cohorts.tokens import E2E, load_metric
 from tracekit.analysis.gate import budgets as bg
 from tracekit.analysis.gate import wording as gate_report
 from tracekit.analysis.gate.model import (
@@ -111,6 +112,8 @@ class GateResult:
     checks: tuple[GateCheck, ...]
     verdict: Verdict | None
     warnings: tuple[Flag, ...]
+    metric: str = "e2e"
+    """The latency the budgets are on: ``e2e``, ``ttft`` or ``tpot`` (docs/llm.md)."""
 
 
 def _values(r: ReleaseData, stage: str | None) -> FloatArray:
@@ -372,7 +375,7 @@ def with_verdict(
     result: GateResult, verdict: Verdict | None, warnings: Sequence[Flag] = ()
 ) -> GateResult:
     """The same result with the diff's verdict attached, messages reworded to use it."""
-    return _finish(
+    done = _finish(
         result.before,
         result.after,
         result.confidence,
@@ -381,6 +384,7 @@ def with_verdict(
         verdict,
         result.warnings + tuple(warnings),
     )
+    return replace(done, metric=result.metric)
 
 
 def coordinated_omission(before: ReleaseData, after: ReleaseData) -> list[str]:
@@ -437,13 +441,15 @@ def run_gate(
     service: str | None = None,
     route: str | None = None,
     n_boot: int = DEFAULT_BOOTSTRAP,
+    metric: str = E2E,
 ) -> GateResult:
     """Gate release ``after`` against ``before`` as stored; see :func:`evaluate_gate`.
+    ``metric``: the latency the budgets are on (``e2e``, ``ttft``, ``tpot``).
 
     When any check does not pass, the diff's verdict (which stage grew the tail, wait or
     compute) is attached and named in the failure messages.
     """
-    b, a = load_releases(store, [before, after], service=service, route=route)
+    (b, a), view_flags = load_metric(store, [before, after], metric, service=service, route=route)
     # The diff's verdict is needed whenever a check does not pass; it is computed on a
     # second thread while the checks are (NumPy releases the GIL), so a failing gate at
     # a million requests a release costs the longer of the two, not their sum. Its
@@ -459,6 +465,7 @@ def run_gate(
             seed=seed,
             n_boot=n_boot,
         )
+        result = replace(result, metric=metric, warnings=(*result.warnings, *view_flags))
         if result.result == PASS:
             pending.cancel()
             return result
