@@ -210,6 +210,8 @@ STAGE_DERIVED: Final = "tracekit.stage.derived"
 an engine's latency attributes, not a span it wrote)."""
 DERIVED_FROM_ATTRIBUTES: Final = "attributes"
 """Value of :data:`STAGE_DERIVED` for stages built from an engine's latency attributes."""
+GENERATION_SPAN_NAME: Final = "tracekit.generation"
+"""The span ``tracekit.generation()`` starts for itself when no request SERVER span is current."""
 GENERATION_FIRST_TOKEN_NS: Final = "tracekit.generation.first_token_ns"
 """tracekit's own generation span: Unix ns of the first output token."""
 

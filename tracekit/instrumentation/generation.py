@@ -70,8 +70,7 @@ from tracekit.instrumentation._spans import FastSpan, current_context
 from tracekit.instrumentation._tracer import FAST_PROVIDER
 from tracekit.instrumentation.stages import record_error
 
-GENERATION_SPAN_NAME = "tracekit.generation"
-"""The span a generation starts for itself when no request SERVER span is current."""
+GENERATION_SPAN_NAME = cv.GENERATION_SPAN_NAME
 
 _TRACER = FAST_PROVIDER.get_tracer("tracekit.generation")
 _INTERNAL = SpanKind.INTERNAL
