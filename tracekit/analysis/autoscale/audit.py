@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from tracekit import conventions as cv
 from tracekit.analysis.autoscale import rules as sr
 from tracekit.analysis.autoscale import signal_ranking as ranking
 from tracekit.analysis.autoscale.model import Slo, Window, min_requests_for, parse_slo
@@ -81,6 +82,46 @@ class AutoscaleResult:
         return [w for w in self.windows if w.missed]
 
 
+def llm_load_at_arrival(
+    data: Timeline,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per request, the other requests of its replica waiting in the engine's queue and
+    running (prefill or decode) when it arrived: what vLLM's ``num_requests_waiting`` and
+    ``num_requests_running`` gauges read then. A request waits from its arrival for its
+    ``queue`` time, then runs for its ``prefill`` + ``decode`` time (vLLM's span starts at
+    the arrival; under ``tracekit.generation()`` the work before the generation counts as
+    queue). NaN for both when no request has those stages."""
+    n = len(data.start_ns)
+    stages = getattr(data, "stages", ())
+    if not any(s in stages for s in cv.LLM_STAGES):
+        return np.full(n, math.nan), np.full(n, math.nan)
+    queue, prefill, decode = (data.stage_column(s) for s in cv.LLM_STAGES)  # type: ignore[attr-defined]
+    llm = (queue + prefill + decode) > 0
+    start = data.start_ns.astype(np.float64)
+    admitted = start + queue * 1e6
+    done = admitted + (prefill + decode) * 1e6
+    waiting, running = np.full(n, math.nan), np.full(n, math.nan)
+    inst = data.instance_ids.astype(str)
+    for name in np.unique(inst[llm]):
+        mine = llm & (inst == name)
+        at = start[mine]
+
+        waiting[mine] = _holding(at, start[mine], admitted[mine])
+        running[mine] = _holding(at, admitted[mine], done[mine])
+    return waiting, running
+
+
+def _holding(
+    at: npt.NDArray[np.float64], lo: npt.NDArray[np.float64], hi: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Per arrival ``at[i]``, the intervals [lo, hi) holding it, request i's own excluded."""
+    began = np.searchsorted(np.sort(lo), at, side="right")
+    ended = np.searchsorted(np.sort(hi), at, side="right")
+    own = (lo <= at) & (at < hi)
+    out: npt.NDArray[np.float64] = (began - ended - own).astype(np.float64)
+    return out
+
+
 def _replica_mean(
     values: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], inst: npt.NDArray[np.object_]
 ) -> float:
@@ -107,6 +148,7 @@ def build_windows(data: Timeline, slo: Slo, window_s: float, min_requests: int) 
     n_windows = int(idx.max()) + 1
     bounds = np.searchsorted(idx[order], np.arange(n_windows + 1))
     last_start = int(data.start_ns.max())
+    waiting, running = llm_load_at_arrival(data)
     windows: list[Window] = []
     replicas_before = 1
     for i in range(n_windows):
@@ -130,6 +172,8 @@ def build_windows(data: Timeline, slo: Slo, window_s: float, min_requests: int) 
         signals = {
             sr.INFLIGHT: _replica_mean(data.inflight[rows], w, inst),
             sr.QUEUE_DEPTH: _replica_mean(data.queue_depth[rows], w, inst),
+            sr.LLM_WAITING: _replica_mean(waiting[rows], w, inst),
+            sr.LLM_RUNNING: _replica_mean(running[rows], w, inst),
             sr.REQUEST_RATE: rate / replicas,
             sr.LATENCY: latency,
             sr.GPU_UTILIZATION: _replica_mean(data.gpu_utilization[rows], w, inst),

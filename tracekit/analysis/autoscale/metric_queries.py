@@ -28,12 +28,16 @@ HISTOGRAM: Final = "http_server_request_duration_seconds"
 SERIES: Final[dict[str, str]] = {
     sr.INFLIGHT: "tracekit_inflight",
     sr.QUEUE_DEPTH: "tracekit_queue_depth",
+    sr.LLM_WAITING: "vllm:num_requests_waiting",
+    sr.LLM_RUNNING: "vllm:num_requests_running",
     sr.REQUEST_RATE: f"{HISTOGRAM}_count",
     sr.LATENCY: f"{HISTOGRAM}_bucket",
     sr.GPU_UTILIZATION: "DCGM_FI_DEV_GPU_UTIL",
 }
 """Signal → the Prometheus series its value is computed from."""
 RATE_WINDOW: Final = "1m"
+_GAUGES: Final = (sr.INFLIGHT, sr.QUEUE_DEPTH, sr.LLM_WAITING, sr.LLM_RUNNING)
+"""Series that are one gauge per replica (vLLM's are per engine, one per pod)."""
 
 
 def _sel(ref: str) -> str:
@@ -43,7 +47,7 @@ def _sel(ref: str) -> str:
 def total_promql(signal: str, ref: str) -> str:
     """The service-wide value (KEDA divides it by the per-replica target)."""
     s, sel = SERIES.get(signal, ""), _sel(ref)
-    if signal in (sr.INFLIGHT, sr.QUEUE_DEPTH):
+    if signal in _GAUGES:
         return f"sum({s}{sel})"
     if signal == sr.REQUEST_RATE:
         return f"sum(rate({s}{sel}[{RATE_WINDOW}]))"
@@ -57,7 +61,7 @@ def total_promql(signal: str, ref: str) -> str:
 def per_replica_promql(signal: str, ref: str) -> str:
     """The value the audit measured per replica, as PromQL over the exported series."""
     s, sel = SERIES.get(signal, ""), _sel(ref)
-    if signal in (sr.INFLIGHT, sr.QUEUE_DEPTH):
+    if signal in _GAUGES:
         return f"avg({s}{sel})"
     if signal == sr.REQUEST_RATE:
         return f"{total_promql(signal, ref)} / count(tracekit_inflight{sel})"
@@ -67,7 +71,7 @@ def per_replica_promql(signal: str, ref: str) -> str:
 def adapter_rule(signal: str) -> str:
     """The prometheus-adapter rule that serves :data:`rules.METRIC_NAMES` ``[signal]`` per pod."""
     name = sr.METRIC_NAMES[signal]
-    if signal in (sr.INFLIGHT, sr.QUEUE_DEPTH):
+    if signal in _GAUGES:
         series, query = SERIES[signal], "avg(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)"
     elif signal == sr.REQUEST_RATE:
         series = SERIES[signal]

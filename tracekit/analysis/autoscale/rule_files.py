@@ -32,6 +32,8 @@ _SUFFIX = {
 
 # Order matters: "tracekit_inflight_requests" mentions requests but is an in-flight gauge.
 _NAME_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("num_requests_waiting",), sr.LLM_WAITING),
+    (("num_requests_running",), sr.LLM_RUNNING),
     (("inflight", "in_flight", "ongoing", "concurren", "active_request"), sr.INFLIGHT),
     (("queue",), sr.QUEUE_DEPTH),
     (("latency", "duration", "response_time", "histogram_quantile"), sr.LATENCY),

@@ -33,10 +33,26 @@ REQUEST_RATE: Final = "request_rate"
 LATENCY: Final = "latency"
 GPU_UTILIZATION: Final = "gpu_utilization"
 CPU_UTILIZATION: Final = "cpu_utilization"
-SIGNALS: Final = (INFLIGHT, QUEUE_DEPTH, REQUEST_RATE, LATENCY, GPU_UTILIZATION, CPU_UTILIZATION)
+LLM_WAITING: Final = "llm_waiting"
+"""LLM serving: requests waiting in the engine's queue per replica (vLLM's
+``vllm:num_requests_waiting``), measured at each arrival from the traced queue stages."""
+LLM_RUNNING: Final = "llm_running"
+"""LLM serving: requests in prefill or decode per replica (``vllm:num_requests_running``)."""
+SIGNALS: Final = (
+    INFLIGHT,
+    QUEUE_DEPTH,
+    LLM_WAITING,
+    LLM_RUNNING,
+    REQUEST_RATE,
+    LATENCY,
+    GPU_UTILIZATION,
+    CPU_UTILIZATION,
+)
 """Candidate scaling signals, in the order tables show them."""
+LLM_SIGNALS: Final = frozenset({LLM_WAITING, LLM_RUNNING})
+"""Signals only LLM requests (queue, prefill and decode stages) have; left out otherwise."""
 
-ADDITIVE: Final = frozenset({INFLIGHT, QUEUE_DEPTH, REQUEST_RATE})
+ADDITIVE: Final = frozenset({INFLIGHT, QUEUE_DEPTH, REQUEST_RATE, LLM_WAITING, LLM_RUNNING})
 """Signals whose per-replica values add up to a service total (a ``Value`` target sees the total)."""
 
 UTILIZATION_SIGNALS: Final = frozenset({CPU_UTILIZATION, GPU_UTILIZATION})
@@ -44,6 +60,8 @@ UTILIZATION_SIGNALS: Final = frozenset({CPU_UTILIZATION, GPU_UTILIZATION})
 SIGNAL_LABELS: Final[dict[str, str]] = {
     INFLIGHT: "In-flight per replica",
     QUEUE_DEPTH: "Queue depth per replica",
+    LLM_WAITING: "Waiting requests per replica (vLLM num_requests_waiting)",
+    LLM_RUNNING: "Running requests per replica (vLLM num_requests_running)",
     REQUEST_RATE: "Request rate per replica",
     LATENCY: "Latency",
     GPU_UTILIZATION: "GPU",
@@ -53,6 +71,8 @@ SIGNAL_LABELS: Final[dict[str, str]] = {
 METRIC_NAMES: Final[dict[str, str]] = {
     INFLIGHT: "tracekit_inflight",
     QUEUE_DEPTH: "tracekit_queue_depth",
+    LLM_WAITING: "vllm_num_requests_waiting",
+    LLM_RUNNING: "vllm_num_requests_running",
     REQUEST_RATE: "tracekit_requests_per_second",
     LATENCY: "tracekit_request_latency_p95_ms",
     GPU_UTILIZATION: "tracekit_gpu_utilization",
@@ -74,6 +94,12 @@ SIGNAL_ALIASES: Final[dict[str, str]] = {
     "rps": REQUEST_RATE,
     "qps": REQUEST_RATE,
     "p95": LATENCY,
+    "waiting": LLM_WAITING,
+    "num_requests_waiting": LLM_WAITING,
+    "vllm:num_requests_waiting": LLM_WAITING,
+    "running": LLM_RUNNING,
+    "num_requests_running": LLM_RUNNING,
+    "vllm:num_requests_running": LLM_RUNNING,
     **{s: s for s in SIGNALS},
 }
 """Names accepted by ``--signal``."""

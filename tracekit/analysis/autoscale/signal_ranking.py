@@ -220,6 +220,8 @@ def score_signal(windows: Sequence[Window], name: str, first_violation: int | No
 def rank_signals(windows: Sequence[Window], first_violation: int | None) -> list[SignalScore]:
     """Every candidate signal, best first (unavailable ones last)."""
     scores = [score_signal(windows, s, first_violation) for s in sr.SIGNALS]
+    # The LLM engine's gauges exist only for LLM requests: not listed as missing elsewhere.
+    scores = [s for s in scores if s.available or s.name not in sr.LLM_SIGNALS]
     return sorted(scores, key=lambda s: (not s.available, -s.score, sr.SIGNALS.index(s.name)))
 
 
