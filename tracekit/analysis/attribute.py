@@ -16,6 +16,10 @@ per-request rows back next to the spans (:mod:`tracekit.analysis.store.attribute
 - **Shardable**: ``shard=K/N`` takes the traces with ``cityHash64(TraceId) % N = K``.
 - **Bounded memory**: a slice is at most ``batch_traces`` requests (a single second
   holding more is one slice), whatever the table's size.
+- **LLM stages**: an LLM engine's request span with latency attributes gets its
+  queue/prefill/decode stages derived in the pulled snapshot before it is attributed, as
+  ``tracekit ingest`` derives them (:mod:`tracekit.analysis.ingest.genai`); they reach the
+  stage table, never the spans table.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import pyarrow as pa
 
 from tracekit.analysis.attribution import per_request
 from tracekit.analysis.cohorts.bubbleup import SPAN_PAIRS, pair_parameters
+from tracekit.analysis.ingest import genai
+from tracekit.analysis.ingest.problems import ProblemLog
 from tracekit.analysis.store.attributed import (
     AttributedNames,
     create_tables,
@@ -105,6 +111,10 @@ class AttributeReport:
     seconds: float = 0.0
     watermark: int | None = None
     """Where the shard's watermark stands after the run (None: not moved)."""
+    stages_derived: int = 0
+    """Requests whose queue/prefill/decode were derived from latency attributes."""
+    problems: dict[str, int] = field(default_factory=dict)
+    """What deriving them found, by kind (``llm_missing``, ``llm_invalid``, …)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -240,6 +250,13 @@ def attribute(
             set_watermark(client, url, names, str(shard), report.watermark, report.requests)
     finally:
         client.close()
+    if report.stages_derived:
+        report.notes.append(
+            f"queue/prefill/decode derived from latency attributes for "
+            f"{report.stages_derived:,} requests"
+        )
+    for kind, n in sorted(report.problems.items()):
+        report.notes.append(f"{n:,} {kind}: LLM latency attributes (docs/llm.md)")
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -312,8 +329,18 @@ def _attribute_slice(
     traces = int(row[0]) if row else 0
     if not traces:
         return
+    # SpansSeen is what the table holds: counted before any stage is derived here.
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _tk_seen AS "
+        "SELECT trace_id, count(*) AS n FROM spans GROUP BY trace_id"
+    ).fetchall()
+    log = ProblemLog(strict=False)
+    derived = genai.derive(snapshot, log, staged=False)
+    report.stages_derived += derived.requests
+    for kind, n in log.counts.items():
+        report.problems[kind] = report.problems.get(kind, 0) + n
     done = per_request.refresh(snapshot)
-    report.spans += done.spans
+    report.spans += done.spans - derived.spans_added
     report.batches += done.batch_traces
     report.orphans += max(0, traces - done.requests - done.batch_traces)
     if not done.requests:
@@ -342,7 +369,7 @@ SELECT trace_id AS TraceId, root_span_id AS RootSpanId,
        sample_weight AS SampleWeight, inflight AS Inflight, queue_depth AS QueueDepth,
        cpu_utilization AS CpuUtilization, gpu_utilization AS GpuUtilization,
        span_count::UINTEGER AS SpanCount, skewed_spans::UINTEGER AS SkewedSpans,
-       (SELECT count(*) FROM spans s WHERE s.trace_id = r.trace_id)::UINTEGER AS SpansSeen,
+       (SELECT n FROM _tk_seen s WHERE s.trace_id = r.trace_id)::UINTEGER AS SpansSeen,
        make_timestamp_ns($now) AS AttributedAt
 FROM requests r
 """

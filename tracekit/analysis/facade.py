@@ -46,6 +46,8 @@ from tracekit.analysis.compare.summary import (
 )
 from tracekit.analysis.gate.budgets import Budget, GateConfig, load_config, parse_budgets
 from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, GateResult, run_gate
+from tracekit.analysis.ingest import genai
+from tracekit.analysis.ingest.problems import ProblemLog
 from tracekit.analysis.loading import JAEGER_LIMIT, IngestOutcome, ingest
 from tracekit.analysis.report import Report
 from tracekit.analysis.store import DatabaseError, Store, open_store
@@ -235,6 +237,8 @@ class Analysis:
             chosen = selection if prefix is None else replace(selection, trace_prefix=prefix)
             snapshot = open_snapshot(url, chosen)
             try:
+                # vLLM's latency attributes become stages here too, as at ingest (docs/llm.md).
+                genai.derive(snapshot, ProblemLog(strict=False), staged=False)
                 per_request.refresh(snapshot)
             except BaseException:
                 snapshot.close()

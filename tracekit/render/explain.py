@@ -2,7 +2,8 @@
 JSON and markdown. Renderers never query; they only format what the analysis returned.
 
 In the waterfall, ``█`` marks a span's own pieces of the critical path and ``░`` the
-rest of its interval; ``★`` flags spans with time on the path.
+rest of its interval; ``★`` flags spans with time on the path. A stage derived from an
+engine's latency attributes reads ``queue (from attributes)``, in both tables.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ PATH_GLYPH = "█"
 OFF_PATH_GLYPH = "░"
 STAR = "★"
 _NAME_WIDTH = 34
+DERIVED_MARK = {cv.DERIVED_FROM_ATTRIBUTES: "from attributes"}
+"""What a derived stage's label adds, by where it was derived from."""
 
 
 def headline(e: Explanation) -> str:
@@ -52,6 +55,12 @@ def _notes(e: Explanation) -> list[str]:
         notes.append(
             "No tracekit.stage on this trace: stages come from span kinds and names "
             "(calls out and other services are downstream)."
+        )
+    derived = [s.stage for s in e.stages if s.derived]
+    if derived:
+        notes.append(
+            f"{', '.join(derived)} derived at ingest from the engine's latency attributes "
+            "(gen_ai.latency.*), not measured as spans."
         )
     if e.skewed_spans:
         notes.append(
@@ -88,11 +97,17 @@ def _plain_bar(span: ExplainSpan, total_ms: float) -> str:
     return "".join(glyph for glyph, _ in bar(span, total_ms)).rstrip()
 
 
+def _derived(label: str, derived: str | None) -> str:
+    return f"{label} ({DERIVED_MARK.get(derived, f'from {derived}')})" if derived else label
+
+
 def _stage_label(span: ExplainSpan) -> str:
     """``downstream (model_execute)`` for a called service's own stage span: the time
-    counts as downstream, the bracket says what the dependency called it."""
+    counts as downstream, the bracket says what the dependency called it;
+    ``queue (from attributes)`` for a stage span derived at ingest."""
     stage = span.stage or cv.UNATTRIBUTED
-    return f"{stage} ({span.own_stage})" if span.own_stage else stage
+    label = f"{stage} ({span.own_stage})" if span.own_stage else stage
+    return _derived(label, span.derived)
 
 
 def _label(span: ExplainSpan) -> str:
@@ -136,7 +151,7 @@ def render_table(e: Explanation) -> str:
     stages.add_column("gpu", justify="right")
     for st in e.stages:
         stages.add_row(
-            as_text(st.stage),
+            as_text(_derived(st.stage, st.derived)),
             as_text(st.time_kind),
             ms(st.critical_ms),
             pct(st.share),
@@ -172,7 +187,7 @@ def render_markdown(e: Explanation) -> str:
     lines += [f"> {n}" for n in _notes(e)]
     stage_rows = [
         [
-            s.stage,
+            _derived(s.stage, s.derived),
             s.time_kind,
             ms(s.critical_ms),
             pct(s.share),

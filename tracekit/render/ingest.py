@@ -109,6 +109,7 @@ def to_dict(outcome: IngestOutcome) -> dict[str, Any]:
         "spans_stored": r.spans_stored,
         "traces": r.traces,
         "requests_attributed": outcome.requests_attributed,
+        "stages_derived": r.stages_derived,
         "releases": list(r.releases),
         "skipped": r.skipped,
         "seconds": round(r.seconds, 3),

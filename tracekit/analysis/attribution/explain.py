@@ -3,7 +3,9 @@
 :func:`explain_trace` reads one trace's spans from the store, runs the same walk as
 :func:`tracekit.analysis.attribution.per_request.refresh`, and returns an :class:`Explanation`
 that the renderers in :mod:`tracekit.render.explain` draw. It works from ``spans``
-alone, so a trace can be explained before (or without) a refresh.
+alone, so a trace can be explained before (or without) a refresh. Stage spans that ingest
+derived from an engine's latency attributes (``tracekit.stage.derived``) are marked, and
+so are the stages their time makes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tracekit.analysis.store import Store
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
+_STAGE_DERIVED_PATH = '$."' + cv.STAGE_DERIVED + '"'
 MIN_PREFIX = 8
 """Shortest trace id prefix accepted."""
 
@@ -26,6 +29,10 @@ _FIND_SQL = """
 SELECT DISTINCT trace_id FROM spans WHERE starts_with(trace_id, $prefix) ORDER BY 1 LIMIT 3
 """
 _RELEASE_SQL = "SELECT service_version FROM spans WHERE trace_id = $trace AND span_id = $span"
+_DERIVED_SQL = """
+SELECT span_id, json_extract_string(attributes, $path) FROM spans
+WHERE trace_id = $trace AND stage IS NOT NULL AND json_extract_string(attributes, $path) IS NOT NULL
+"""
 
 
 @dataclass
@@ -53,6 +60,10 @@ class ExplainSpan:
     """Time on the critical path charged to this span itself (not to its children)."""
     path: list[tuple[float, float]] = field(default_factory=list)
     """This span's own pieces of the critical path, (start_ms, end_ms), earliest first."""
+    derived: str | None = None
+    """Where tracekit made this stage span from at ingest (``attributes``: an engine's
+    latency attributes, :mod:`tracekit.analysis.ingest.genai`); None for a span the trace
+    carried."""
 
     @property
     def duration_ms(self) -> float:
@@ -74,6 +85,9 @@ class ExplainStage:
     wall_ms: float
     cpu_ms: float | None
     gpu_ms: float | None
+    derived: str | None = None
+    """``attributes`` when the stage's time comes from spans derived from an engine's
+    latency attributes rather than spans the trace carried."""
 
 
 @dataclass
@@ -140,6 +154,10 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
     for i, seg_start, seg_end in reversed(a.segments):
         pieces.setdefault(i, []).append(((seg_start - t0) / NS_PER_MS, (seg_end - t0) / NS_PER_MS))
     kinds = {st.stage: st.time_kind for st in a.stages}
+    derived = dict(
+        store.con.execute(_DERIVED_SQL, {"trace": full, "path": _STAGE_DERIVED_PATH}).fetchall()
+    )
+    derived_stages: dict[str, str] = {}
     spans = []
     for i in _waterfall_order(a):
         cs, ce = a.clipped_start[i], a.clipped_end[i]
@@ -161,8 +179,11 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
                 time_kind=kinds.get(stage or cv.UNATTRIBUTED),
                 critical_ms=a.critical_ns[i] / NS_PER_MS,
                 path=pieces.get(i, []),
+                derived=derived.get(t.span_id[i]),
             )
         )
+        if stage is not None and stage == t.stage[i] and t.span_id[i] in derived:
+            derived_stages.setdefault(stage, derived[t.span_id[i]])
     by_stage = {st.stage: st for st in a.stages}
     stages = []
     for name in cv.order_stages(list(by_stage)):
@@ -176,6 +197,7 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
                 wall_ms=s.wall_ns / NS_PER_MS,
                 cpu_ms=None if s.cpu_time_ns is None else s.cpu_time_ns / NS_PER_MS,
                 gpu_ms=None if s.gpu_time_ns is None else s.gpu_time_ns / NS_PER_MS,
+                derived=derived_stages.get(name),
             )
         )
     root_id = t.span_id[a.root]

@@ -9,7 +9,10 @@ names, attribute values are strings as pcommon's ``Value.AsString()`` writes the
 for arrays and maps, Go's shortest ``'f'`` format for doubles).
 
 Writing twice changes nothing: spans whose (TraceId, SpanId) the table already holds are
-left out. Analysis never writes to ClickHouse; this module is the only writer.
+left out. Stage spans ingest derived from an LLM engine's latency attributes
+(:mod:`.genai`) are not written: the table keeps what the exporters sent, and ``tracekit
+attribute`` derives them again when it attributes. Analysis never writes to ClickHouse;
+this module is the only writer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tracekit import conventions as cv
-from tracekit.analysis.ingest import IngestReport, ingest_paths
+from tracekit.analysis.ingest import IngestReport, genai, ingest_paths
 from tracekit.analysis.store import SPAN_COLUMNS, Store, iter_chunks, open_store
 from tracekit.analysis.store.clickhouse import (
     check_table,
@@ -140,9 +143,12 @@ def _row(span: dict[str, Any]) -> list[Any]:
 
 
 def _spans(staging: Store) -> Iterator[list[dict[str, Any]]]:
-    """The staging store's spans in chunks of dicts, ordered by trace."""
+    """The staging store's spans (not the derived ones) in chunks of dicts, ordered by trace."""
     cols = ", ".join(SPAN_COLUMNS)
-    cur = staging.con.execute(f"SELECT {cols} FROM spans ORDER BY trace_id, span_id")
+    cur = staging.con.execute(
+        f"SELECT {cols} FROM spans WHERE {genai.NOT_DERIVED} ORDER BY trace_id, span_id",
+        genai.not_derived_params(),
+    )
     while True:
         rows = cur.fetchmany(BATCH_ROWS)
         if not rows:

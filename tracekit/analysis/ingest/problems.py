@@ -38,6 +38,14 @@ NON_HEX_ID = "non_hex_id"
 """An id that is not hex (``trace-123``, base64); mapped deterministically to hex."""
 HUGE_ATTRIBUTE = "huge_attribute"
 """A string attribute longer than the limit; stored truncated."""
+LLM_MISSING = "llm_missing"
+"""An LLM request span lacks a latency a stage needs, or its token counts; the stage is
+not derived, the span is kept (:mod:`.genai`)."""
+LLM_INVALID = "llm_invalid"
+"""An LLM latency attribute that is not a finite, non-negative number of seconds; ignored."""
+LLM_INCONSISTENT = "llm_inconsistent"
+"""LLM latencies that contradict each other (queue longer than e2e, queue + prefill past
+e2e, …): the stage that does not fit is not derived, the span is kept."""
 
 # --- repaired: data kept, but a strict ingest fails ---------------------------------
 CYCLE = "cycle"
@@ -86,6 +94,8 @@ class IngestReport:
     skipped: int = 0
     """Lines, traces, spans or files dropped; non-zero makes ``tracekit ingest`` exit 2."""
     trace_ids: list[str] = field(default_factory=list)
+    stages_derived: int = 0
+    """Request spans given queue/prefill/decode stages from their latency attributes."""
     every_trace: bool = False
     """The store held no spans before: the touched traces are all of its traces (a
     refresh can then rebuild everything without naming them)."""
@@ -109,6 +119,8 @@ class IngestReport:
             f"({self.spans_stored:,} new) in {self.traces:,} traces; "
             f"releases: {releases}; problems: {problems}"
         )
+        if self.stages_derived:
+            text += f"; stages derived from attributes for {self.stages_derived:,} requests"
         if self.skipped:
             text += f"; skipped {self.skipped:,}"
         return text

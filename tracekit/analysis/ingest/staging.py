@@ -4,7 +4,8 @@ Both decoding paths write into the temporary table ``_tk_stage``: the SQL fast p
 with one ``INSERT … SELECT``, the Python decoders in batches of rows handed to DuckDB
 as numpy columns (``executemany`` would be a hundred times slower). Once the whole
 input is read, :func:`finalize` keeps the first of any duplicate keys, inserts the keys
-``spans`` does not hold yet (so re-ingesting stores nothing) and finds, in SQL, the
+``spans`` does not hold yet (so re-ingesting stores nothing), derives the stages of LLM
+request spans from their latency attributes (:mod:`.genai`) and finds, in SQL, the
 problems that need the whole input: orphans and children that overflow their parent.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from tracekit.analysis.ingest import cycles
+from tracekit.analysis.ingest import cycles, genai
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
 from tracekit.analysis.ingest.rows import STAGE_COLUMNS
@@ -112,11 +113,14 @@ def finalize(
     run(store, "BEGIN")
     try:
         store.insert_keyed("spans", sql("insert_spans"), {"version": version})
+        report.spans_stored = store.span_count() - before
+        # With the input's spans in, a stage child from this input or an earlier one is
+        # seen; every format and `tracekit collect` pass here.
+        report.stages_derived = genai.derive(store, log, per_file=per_file).requests
         run(store, "COMMIT")
     except DatabaseError:
         store.rollback()
         raise
-    report.spans_stored = store.span_count() - before
     report.every_trace = before == 0
 
     cur = con.execute(sql("orphans"))
