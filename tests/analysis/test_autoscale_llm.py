@@ -94,3 +94,14 @@ def test_services_without_llm_stages_list_no_llm_signals(tmp_path) -> None:
     with open_store(path, read_only=True) as store:
         result = audit_autoscaling(store, release="plain", slo=parse_slo("p95<50ms"), window_s=2)
     assert not {s.name for s in result.signals} & sr.LLM_SIGNALS
+
+
+def test_vllm_metric_names_map_to_their_signals_and_kv_cache_to_none() -> None:
+    from tracekit.analysis.autoscale.rule_files import signal_for_name
+
+    assert signal_for_name("vllm:num_requests_waiting") == sr.LLM_WAITING
+    assert signal_for_name("vllm:num_requests_running") == sr.LLM_RUNNING
+    # KV-cache use is not GPU utilisation: read, never replayed against the GPU signal.
+    assert signal_for_name("vllm:gpu_cache_usage_perc") is None
+    assert signal_for_name("vllm:kv_cache_usage_perc") is None
+    assert signal_for_name("DCGM_FI_DEV_GPU_UTIL") == sr.GPU_UTILIZATION

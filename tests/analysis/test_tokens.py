@@ -15,6 +15,7 @@ import pytest
 
 from tracekit import conventions as cv
 from tracekit.analysis.cohorts.bubbleup import PROMPT_BIN_KEY
+from tracekit.analysis.cohorts.tokens import load_metric
 from tracekit.analysis.facade import Analysis
 from tracekit.analysis.store import open_store
 from tracekit.cli import main
@@ -134,3 +135,53 @@ def test_a_release_without_token_data_is_refused_for_token_metrics(tmp_path) -> 
             a.summary("plain", metric="ttft")
         with pytest.raises(ConfigError, match="--metric"):
             a.summary("plain", metric="tbt")
+
+
+def test_absent_counts_stay_absent_and_odd_requests_are_read_right(tmp_path) -> None:
+    b = TraceBuilder(seed=5)
+    for i in range(40):
+        # Output counts only (no prompt count): the prompt figures are absent, not 0.
+        r = b.request(
+            start_ms=i * 50.0,
+            duration_ms=130.0,
+            version="gen",
+            attributes={cv.GEN_AI_USAGE_COMPLETION_TOKENS: 11},
+        )
+        r.stage(cv.QUEUE, start_ms=0.0, duration_ms=10.0)
+        r.stage(cv.PREFILL, start_ms=10.0, duration_ms=20.0)
+        r.stage(cv.DECODE, start_ms=30.0, duration_ms=100.0)
+    # Gave up in the queue: no first token, so no time to first token.
+    gone = b.request(
+        start_ms=2500.0, duration_ms=400.0, version="gen",
+        attributes={cv.GEN_AI_USAGE_COMPLETION_TOKENS: 0},
+    )  # fmt: skip
+    gone.stage(cv.QUEUE, start_ms=0.0, duration_ms=400.0)
+    # Two generations of 11 tokens under one request: 2 × 10 tokens after each first.
+    two = b.request(start_ms=2600.0, duration_ms=300.0, version="gen")
+    for k in range(2):
+        g = two.span(
+            "gen", start_ms=k * 150.0, duration_ms=140.0,
+            attributes={cv.GEN_AI_USAGE_COMPLETION_TOKENS: 11},
+        )  # fmt: skip
+        two.stage(cv.PREFILL, start_ms=k * 150.0, duration_ms=20.0, parent=g)
+        two.stage(cv.DECODE, start_ms=k * 150.0 + 20.0, duration_ms=60.0, parent=g)
+    for i in range(30):
+        b.request(start_ms=i * 10.0, duration_ms=20.0, version="plain")
+    path = tmp_path / "m.duckdb"
+    with open_store(path) as store:
+        b.load(store)
+    with Analysis.open(path) as a:
+        (s,) = a.summary("gen")
+        everyone = a.summary(metric="tpot")  # "plain" has no tokens: left out, not an error
+        ttft = a.diff("gen", "gen", metric="ttft")
+        tpot = a.diff("gen", "gen", metric="tpot")
+    assert s.tokens is not None and s.tokens.prompt_tokens_p50 is None
+    assert s.tokens.output_tokens_p50 == 11
+    assert [x.label for x in everyone] == ["gen"]
+    assert ttft.after.requests == 41  # the 40, and the two-generation one; not the quitter
+    # TPOT: 100 ms / 10 for the 40; the pair's 120 ms of decode over 20 tokens is 6 ms.
+    assert tpot.after.requests == 41
+    assert next(r for r in tpot.latency if r.quantile == "p50").after == pytest.approx(10.0)
+    with open_store(path, read_only=True) as store:
+        (view,), _ = load_metric(store, ["gen"], "tpot")
+    assert sorted(view.duration_ms)[0] == pytest.approx(6.0)

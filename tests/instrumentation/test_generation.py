@@ -494,3 +494,26 @@ def test_a_streaming_endpoint_on_uvicorn_read_with_httpx_and_a_client_hanging_up
     assert decode.status.status_code is StatusCode.ERROR
     assert 3 <= root.attributes[cv.GEN_AI_USAGE_COMPLETION_TOKENS] < most
     assert root.attributes[cv.GEN_AI_LATENCY_E2E] >= _dur(prefill) + _dur(decode) - TOL
+
+
+def test_under_another_providers_server_span_the_attributes_let_ingest_derive() -> None:
+    # tracekit is not configured: its stage spans are not recorded, so the first-token
+    # mark (which tells ingest "real stages are here") must not be written either.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    server = provider.get_tracer("other").start_as_current_span("POST /gen", kind=SpanKind.SERVER)
+    with server, tracekit.generation(prompt_tokens=3) as g:
+        g.admitted()
+        g.first_token()
+        g.token()
+    (server,) = exporter.get_finished_spans()
+    attrs = dict(server.attributes or {})
+    assert cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN in attrs
+    assert cv.GEN_AI_USAGE_COMPLETION_TOKENS in attrs
+    assert cv.GENERATION_FIRST_TOKEN_NS not in attrs

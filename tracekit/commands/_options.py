@@ -41,8 +41,8 @@ def add_metric(parser: argparse.ArgumentParser) -> None:
     """``--metric e2e|ttft|tpot``: which latency of a request the command reads."""
     parser.add_argument(
         "--metric", choices=("e2e", "ttft", "tpot"), default="e2e",
-        help="latency to read: e2e (the request, default), ttft (time to first token: "
-        "queue + prefill) or tpot (time per output token) of LLM requests (docs/llm.md)",
+        help="latency to read: e2e (the request, default), ttft (time to first token: the "
+        "engine's, else queue + prefill) or tpot (time per output token) (docs/llm.md)",
     )  # fmt: skip
 
 

@@ -244,11 +244,13 @@ class Generation:
         """A perf_counter_ns reading of this generation as Unix ns."""
         return self._epoch0 + (perf - self._perf0)
 
-    def _stage(self, name: str, start: int, end: int, exc: BaseException | None = None) -> None:
+    def _stage(self, name: str, start: int, end: int, exc: BaseException | None = None) -> bool:
+        """Write one stage span; whether tracekit's tracer recorded it."""
         span = _TRACER.start_span(name, self._ctx, _INTERNAL, _STAGE_ATTRS[name], None, start)
         if exc is not None:
             record_error(span, exc)
         span.end(end)
+        return not isinstance(span, trace.NonRecordingSpan)  # INVALID_SPAN is one too
 
     def _admitted_ns(self) -> int:
         return self._epoch0 if self._admitted is None else self._ns(self._admitted)
@@ -257,16 +259,19 @@ class Generation:
         start, admitted, first = self._epoch0, self._admitted_ns(), self._ns(t)
         if self._admitted is not None:
             self._stage(cv.QUEUE, start, admitted)
-        self._stage(cv.PREFILL, admitted, first)
+        recorded = self._stage(cv.PREFILL, admitted, first)
         if self._carrier.is_recording():  # a SERVER span may end first (client gone)
-            self._carrier.set_attributes(
-                {
-                    cv.GEN_AI_LATENCY_TIME_IN_QUEUE: (admitted - start) / _NS,
-                    cv.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: (first - admitted) / _NS,
-                    cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: (first - self._arrival) / _NS,
-                    cv.GENERATION_FIRST_TOKEN_NS: first,
-                }
-            )
+            attrs: dict[str, Any] = {
+                cv.GEN_AI_LATENCY_TIME_IN_QUEUE: (admitted - start) / _NS,
+                cv.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: (first - admitted) / _NS,
+                cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: (first - self._arrival) / _NS,
+            }
+            # The mark says "real stage spans are under this span": only when they were
+            # recorded (a SERVER span of another provider, tracekit not configured: ingest
+            # then derives the stages from these attributes, as it does for vLLM).
+            if recorded:
+                attrs[cv.GENERATION_FIRST_TOKEN_NS] = first
+            self._carrier.set_attributes(attrs)
 
     def _write_end(self, t: int, exc: BaseException | None) -> None:
         start, end = self._epoch0, self._ns(t)

@@ -58,6 +58,11 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def metric_label(metric: str) -> str:
+    """How a table names the latency compared: nothing for e2e, ``TTFT`` / ``TPOT``."""
+    return "" if metric == "e2e" else f" ({metric.upper()})"
+
+
 def to_json(obj: Any) -> str:
     """Stable JSON: dataclasses become objects, NaN/inf become null, keys keep their order."""
     return json.dumps(_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)

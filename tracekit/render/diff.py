@@ -19,6 +19,7 @@ from tracekit.render.common import (
     _jsonable,
     as_text,
     markdown_table,
+    metric_label,
     ms,
     pct,
     requests_text,
@@ -162,11 +163,6 @@ def flag_lines(flags: Sequence[Flag]) -> list[str]:
 def flag_items(flags: Sequence[Flag]) -> list[str]:
     """Flags as markdown list items (``- **code**: message``)."""
     return [f"- **{printable(f.code)}**: {printable(f.message)}" for f in flags]
-
-
-def metric_label(metric: str) -> str:
-    """How a table names the latency compared: nothing for e2e, ``TTFT`` / ``TPOT``."""
-    return "" if metric == "e2e" else f" ({metric.upper()})"
 
 
 def render_table(result: DiffResult) -> str:

@@ -19,6 +19,7 @@ from tracekit.analysis.gate.wording import observed_text
 from tracekit.render.common import (
     as_text,
     markdown_table,
+    metric_label,
     ms,
     requests_text,
     rich_to_text,
@@ -139,7 +140,10 @@ def render_table(result: GateResult) -> str:
     from rich.table import Table
 
     table = Table(
-        title=as_text(f"tracekit gate: {result.after.label} against {result.before.label}")
+        title=as_text(
+            f"tracekit gate{metric_label(result.metric)}: {result.after.label} against"
+            f" {result.before.label}"
+        )
     )
     for h in HEADERS:
         table.add_column(h, justify="right" if h in ("Before", "After") else "left")
@@ -162,7 +166,7 @@ def render_table(result: GateResult) -> str:
 def render_markdown(result: GateResult) -> str:
     n = len(result.checks)
     lines = [
-        f"## {ICONS[result.result]} tracekit gate: {result.result}",
+        f"## {ICONS[result.result]} tracekit gate{metric_label(result.metric)}: {result.result}",
         "",
         f"**{printable(result.after.label)}** against **{printable(result.before.label)}**: "
         f"{requests_text(result.before.requests, result.before.estimated_requests)} vs "
@@ -202,7 +206,9 @@ def render_junit(result: GateResult) -> str:
         "time": "0",
     }
     root = ET.Element("testsuites", {"name": "tracekit", **attrs})
-    suite = ET.SubElement(root, "testsuite", {"name": "tracekit gate", **attrs})
+    suite = ET.SubElement(
+        root, "testsuite", {"name": f"tracekit gate{metric_label(result.metric)}", **attrs}
+    )
     props = ET.SubElement(suite, "properties")
     for name, value in (
         ("before", printable(result.before.label)),

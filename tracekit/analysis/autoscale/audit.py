@@ -88,9 +88,11 @@ def llm_load_at_arrival(
     """Per request, the other requests of its replica waiting in the engine's queue and
     running (prefill or decode) when it arrived: what vLLM's ``num_requests_waiting`` and
     ``num_requests_running`` gauges read then. A request waits from its arrival for its
-    ``queue`` time, then runs for its ``prefill`` + ``decode`` time (vLLM's span starts at
-    the arrival; under ``tracekit.generation()`` the work before the generation counts as
-    queue). NaN for both when no request has those stages."""
+    ``queue`` time, then runs for its ``prefill`` + ``decode`` time: vLLM's span starts at
+    the arrival. Where the queue starts later (vLLM V1's frontend time, or the work a
+    service does before ``tracekit.generation()``), both intervals are placed that much
+    early, so a request near a neighbour's end may be counted one way or the other.
+    NaN for both when no request has those stages."""
     n = len(data.start_ns)
     stages = getattr(data, "stages", ())
     if not any(s in stages for s in cv.LLM_STAGES):

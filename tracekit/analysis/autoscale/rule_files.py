@@ -43,6 +43,10 @@ _NAME_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
 )  # fmt: skip
 
 
+_NOT_TRACED: tuple[str, ...] = ("cache_usage", "kv_cache")
+"""Metric names of quantities the traces do not hold: read, named, never replayed."""
+
+
 class _Doc:
     """A parsed document plus the file name, so every error can say where it is."""
 
@@ -89,6 +93,8 @@ class _Doc:
 def signal_for_name(name: str) -> str | None:
     """The trace signal a metric name or query most likely measures, or None."""
     low = name.lower()
+    if any(h in low for h in _NOT_TRACED):
+        return None  # e.g. vLLM's gpu_cache_usage_perc: KV-cache use, not GPU utilisation
     for hints, signal in _NAME_HINTS:
         if any(h in low for h in hints):
             return signal

@@ -75,11 +75,13 @@ WITH req AS (
     FROM requests
     WHERE coalesce(release, '') = $release AND ($service IS NULL OR service_name = $service)
       AND ($route IS NULL OR route = $route OR name = $route)
-      AND ({slow} OR hash(trace_id) % $buckets < $keep)
+      AND ({slow} OR hash(trace_id) % $buckets < $keep){kept}
 )"""
 _SLOW_BY_DURATION = "duration_ns >= $threshold_ns"
 _SLOW_BY_IDS = "trace_id IN (SELECT trace_id FROM _tk_slow_ids)"
 """Slow by another latency than the duration (``--metric ttft``): the tail's trace ids."""
+_KEPT_IDS = "\n      AND trace_id IN (SELECT trace_id FROM _tk_kept_ids)"
+"""...and the requests that latency exists for (the rest is compared among them only)."""
 
 PROMPT_BINS: tuple[tuple[float, str], ...] = (
     (512, "≤512"),
@@ -196,17 +198,25 @@ def rank_attributes(
     route: str | None = None,
     top: int = TOP,
     slow_ids: list[str] | None = None,
+    kept_ids: list[str] | None = None,
 ) -> list[AttributeLift]:
     """Values over-represented in requests of ``release`` at or above ``threshold_ms``
     (or, given ``slow_ids``, in those traces: the tail of another latency than the
-    duration). Prompt lengths are ranked in bins (:data:`PROMPT_BINS`)."""
+    duration, compared with the rest of ``kept_ids``, the requests that latency exists
+    for). Prompt lengths are ranked in bins (:data:`PROMPT_BINS`)."""
     if slow_ids is None:
-        return _rank(store, release, threshold_ms, _SLOW_BY_DURATION, service, route, top)
+        return _rank(store, release, threshold_ms, _SLOW_BY_DURATION, "", service, route, top)
     store.register_rows("_tk_slow_ids", ("trace_id",), [(t,) for t in slow_ids])
+    kept = ""
+    if kept_ids is not None:
+        store.register_rows("_tk_kept_ids", ("trace_id",), [(t,) for t in kept_ids])
+        kept = _KEPT_IDS
     try:
-        return _rank(store, release, threshold_ms, _SLOW_BY_IDS, service, route, top)
+        return _rank(store, release, threshold_ms, _SLOW_BY_IDS, kept, service, route, top)
     finally:
         store.con.unregister("_tk_slow_ids")
+        if kept_ids is not None:
+            store.con.unregister("_tk_kept_ids")
 
 
 def _rank(
@@ -214,6 +224,7 @@ def _rank(
     release: str,
     threshold_ms: float,
     slow: str,
+    kept: str,
     service: str | None,
     route: str | None,
     top: int,
@@ -228,7 +239,7 @@ def _rank(
     }
     if slow != _SLOW_BY_DURATION:
         del params["threshold_ns"]  # DuckDB refuses a parameter the query does not use
-    totals_sql = _TOTALS_SQL.replace("{slow}", slow)
+    totals_sql = _TOTALS_SQL.replace("{slow}", slow).replace("{kept}", kept)
     totals = store.con.execute(totals_sql, params).fetchone()
     if totals is None or float(totals[0]) <= 0:
         return []
@@ -242,14 +253,15 @@ def _rank(
     attributed = getattr(store, "attributed", False)
     if attributed and store.load_pairs is not None:  # type: ignore[attr-defined]
         # Only the requests ranked below leave the engine for their attribute pairs.
-        ids_sql = _IDS_SQL.replace("{slow}", slow)
+        ids_sql = _IDS_SQL.replace("{slow}", slow).replace("{kept}", kept)
         ids = [str(r[0]) for r in store.con.execute(ids_sql, params).fetchall()]
         store.load_pairs(ids)  # type: ignore[attr-defined]
     pairs = ATTRIBUTED_PAIRS if attributed else SPAN_PAIRS
     rows = store.con.execute(
         _SQL.replace("{span_pairs}", pairs)
         .replace("{prompt_bins}", "" if attributed else _prompt_bin_sql())
-        .replace("{slow}", slow),
+        .replace("{slow}", slow)
+        .replace("{kept}", kept),
         {
             **params,
             **pair_parameters(),

@@ -9,12 +9,15 @@ gate's bootstrap) works on it unchanged:
 * ``e2e``: the request's duration (the default; the view is the data itself);
 * ``ttft`` — time to first token: the engine's own measurement where the request carries
   one (``gen_ai.latency.time_to_first_token``, seconds, as vLLM and
-  ``tracekit.generation()`` write it), else ``queue + prefill``. Its stages are ``queue``
+  ``tracekit.generation()`` write it; never less than ``queue + prefill``, which it
+  contains), else ``queue + prefill``; a request whose generation ended before its first
+  token (0 output tokens) has none. Its stages are ``queue``
   and ``prefill`` (the engine's prefill step produces the first token) and, where the
   measurement is longer than those two, the rest as ``unattributed``; ``decode`` is 0.
   Requests with neither a measurement nor a queue or prefill stage are not LLM requests
   and are left out;
-* ``tpot`` — time per output token: ``decode ÷ (output tokens − 1)``, the OpenTelemetry
+* ``tpot`` — time per output token: ``decode ÷ (output tokens − 1)`` (over several
+  generations of one request, ``− 1`` each), the OpenTelemetry
   GenAI ``gen_ai.server.time_per_output_token``; the whole of it is ``decode``. Requests
   with fewer than two output tokens, or no decode stage, are left out.
 
@@ -73,6 +76,11 @@ class Tokens:
     """The engine's own time to first token (NaN where no span carries it)."""
     prompt_tokens: FloatArray
     output_tokens: FloatArray
+    """Output tokens summed over the request's generations that counted them."""
+    generations: FloatArray
+    """How many of the request's spans counted output tokens (usually 1)."""
+    attributed: bool = False
+    """Read from a store attributed where the traces live: no span, so no attribute."""
 
     @property
     def any(self) -> bool:
@@ -87,16 +95,25 @@ def _attr(key: str) -> str:
     return f"TRY_CAST(json_extract_string(s.attributes, '$.\"{key}\"') AS DOUBLE)"
 
 
+_OUT_TOKENS = (
+    f"coalesce({_attr(cv.GEN_AI_USAGE_COMPLETION_TOKENS)}, {_attr(cv.GEN_AI_USAGE_OUTPUT_TOKENS)})"
+)
+# Per request: its first token (the earliest TTFT of its spans), its largest prompt, and
+# its output tokens summed over the generations that wrote a count, with how many did
+# (TPOT divides decode by tokens − generations: each one's first token is prefill's).
+# NULLs come back as NaN: numpy would read a masked NULL as 0.
 _TOKENS_SQL = f"""
 SELECT s.trace_id,
-       max({_attr(cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)}) AS ttft_s,
-       max(coalesce({_attr(cv.GEN_AI_USAGE_PROMPT_TOKENS)},
-                    {_attr(cv.GEN_AI_USAGE_INPUT_TOKENS)})) AS prompt_tokens,
-       max(coalesce({_attr(cv.GEN_AI_USAGE_COMPLETION_TOKENS)},
-                    {_attr(cv.GEN_AI_USAGE_OUTPUT_TOKENS)})) AS output_tokens
+       coalesce(min({_attr(cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)}), 'NaN'::DOUBLE) AS ttft_s,
+       coalesce(max(coalesce({_attr(cv.GEN_AI_USAGE_PROMPT_TOKENS)},
+                             {_attr(cv.GEN_AI_USAGE_INPUT_TOKENS)})), 'NaN'::DOUBLE)
+           AS prompt_tokens,
+       coalesce(sum({_OUT_TOKENS}), 'NaN'::DOUBLE) AS output_tokens,
+       count({_OUT_TOKENS})::DOUBLE AS generations
 FROM spans s JOIN requests r ON r.trace_id = s.trace_id
 WHERE {_FILTER.strip()}
   AND s.attributes IS NOT NULL
+  AND contains(s.attributes::VARCHAR, '"gen_ai.')
   AND (json_exists(s.attributes, '$."{cv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN}"')
        OR json_exists(s.attributes, '$."{cv.GEN_AI_USAGE_PROMPT_TOKENS}"')
        OR json_exists(s.attributes, '$."{cv.GEN_AI_USAGE_INPUT_TOKENS}"')
@@ -111,13 +128,13 @@ def read_tokens(
 ) -> Tokens:
     """The token attributes of ``data``'s requests, from their spans (NaN where absent).
 
-    A store without spans here (one attributed where the traces live) has none to read:
-    every value is NaN, and the views then work from the stages alone.
+    A store attributed where the traces live (ClickHouse, ``tracekit attribute``) keeps
+    no spans here: every value is NaN (``attributed``; :func:`metric_view` then says so).
     """
     n = data.n
-    out = Tokens(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+    out = Tokens(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
     if getattr(store, "attributed", False):
-        return out
+        return dataclasses.replace(out, attributed=True)
     params = {"labels": [data.label], "service": service, "route": route}
     got = store.con.execute(_TOKENS_SQL, params).fetchnumpy()
     if not len(got["trace_id"]):
@@ -129,9 +146,14 @@ def read_tokens(
     pos = np.clip(pos, 0, max(n - 1, 0))
     hit = ids[order][pos] == found
     rows = order[pos[hit]]
-    for name, scale in (("ttft_s", 1000.0), ("prompt_tokens", 1.0), ("output_tokens", 1.0)):
-        values = np.asarray(got[name], dtype=np.float64)[hit] * scale
-        target = out.ttft_ms if name == "ttft_s" else getattr(out, name)
+    targets = {
+        "ttft_s": (out.ttft_ms, 1000.0),
+        "prompt_tokens": (out.prompt_tokens, 1.0),
+        "output_tokens": (out.output_tokens, 1.0),
+        "generations": (out.generations, 1.0),
+    }
+    for name, (target, scale) in targets.items():
+        values = np.ma.filled(np.ma.asarray(got[name], dtype=np.float64), np.nan)[hit] * scale
         target[rows] = np.where(np.isfinite(values) & (values >= 0), values, np.nan)
     return out
 
@@ -184,7 +206,10 @@ def metric_view(data: ReleaseData, metric: str, tokens: Tokens) -> tuple[Release
         derived = queue + prefill
         measured = tokens.ttft_ms
         staged = (queue > 0) | (prefill > 0)
-        keep = np.isfinite(measured) | staged
+        # A generation that ended before its first token (the client gave up in the
+        # queue) has no time to first token, whatever its queue time.
+        no_first = np.isfinite(tokens.output_tokens) & (tokens.output_tokens == 0)
+        keep = (np.isfinite(measured) | staged) & ~no_first
         latency = np.where(np.isfinite(measured), np.maximum(measured, derived), derived)
         keep &= latency > 0
         both = keep & np.isfinite(measured) & staged & (measured > 0)
@@ -217,8 +242,10 @@ def metric_view(data: ReleaseData, metric: str, tokens: Tokens) -> tuple[Release
         need = "a queue or prefill stage, or gen_ai.latency.time_to_first_token"
     else:
         out = tokens.output_tokens
-        keep = np.isfinite(out) & (out >= 2) & (decode > 0)
-        per = np.where(keep, out - 1, 1.0)
+        gens = np.where(np.isfinite(tokens.generations), np.maximum(tokens.generations, 1), 1)
+        after_first = out - gens
+        keep = np.isfinite(out) & (after_first >= 1) & (decode > 0)
+        per = np.where(keep, after_first, 1.0)
         latency = decode / per
         zeros, nans = np.zeros(data.n), np.full(data.n, np.nan)
         crit = np.column_stack([zeros, zeros, latency, zeros])
@@ -232,6 +259,20 @@ def metric_view(data: ReleaseData, metric: str, tokens: Tokens) -> tuple[Release
             [nans, nans, _col(data, data.stage_gpu_ms, cv.DECODE, np.nan) / per, nans]
         )
         need = "a decode stage and at least 2 output tokens (gen_ai.usage.completion_tokens)"
+    if tokens.attributed:
+        if metric == TPOT:
+            raise QueryError(
+                f"release {data.label!r}: --metric tpot needs the output token counts of the"
+                " spans, which a store attributed in ClickHouse does not bring here; run it on"
+                " the spans (tracekit ingest, or --store without `tracekit attribute`)"
+            )
+        flags.append(
+            Flag(
+                "ttft_from_stages",
+                f"{data.label}: the store is attributed in ClickHouse, so the engine's own"
+                " time to first token is not read: TTFT is queue + prefill",
+            )
+        )
     if not keep.any():
         raise QueryError(
             f"release {data.label!r}: no request has {need}, which --metric {metric} needs;"

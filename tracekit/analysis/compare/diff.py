@@ -366,10 +366,11 @@ def diff_releases(
     # largest part of a load at a million requests.
     (b, a), view_flags = load_metric(store, [before, after], metric, service=service, route=route)
     result = compute_diff(b, a, confidence=confidence, seed=seed, jaeger_url=jaeger_url)
-    slow_ids = None
+    slow_ids = kept_ids = None
     if metric != E2E:  # the tail of this metric, by trace, not of the request's duration
         tail = a.duration_ms >= result.tail.threshold_after_ms
         slow_ids = [str(t) for t in a.trace_ids[tail]]
+        kept_ids = [str(t) for t in a.trace_ids]
     attributes = rank_attributes(
         store,
         after,
@@ -377,6 +378,7 @@ def diff_releases(
         service=service,
         route=route,
         slow_ids=slow_ids,
+        kept_ids=kept_ids,
     )
     return dataclasses.replace(
         result, attributes=attributes, metric=metric, flags=[*result.flags, *view_flags]

@@ -216,10 +216,18 @@ def summarize_all(
     labels = [label for label, _ in store.releases()]
     if not labels:
         raise QueryError(f"no requests in {store.path}: run `tracekit ingest FILE` first")
-    return [
-        summarize_release(store, label, service=service, route=route, metric=metric)
-        for label in labels
-    ]
+    if metric == E2E:
+        return [summarize_release(store, label, service=service, route=route) for label in labels]
+    # A token metric: the releases without LLM requests are left out, unless all are.
+    out, first_error = [], None
+    for label in labels:
+        try:
+            out.append(summarize_release(store, label, service=service, route=route, metric=metric))
+        except QueryError as exc:
+            first_error = first_error or exc
+    if not out and first_error is not None:
+        raise first_error
+    return out
 
 
 def _gap_rows(

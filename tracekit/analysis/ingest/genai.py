@@ -195,14 +195,13 @@ SELECT * EXCLUDE (j), {values} FROM (
       AND json_type(p.attributes, $mark) IS NULL
       AND NOT EXISTS (SELECT 1 FROM spans k
                       WHERE k.trace_id = p.trace_id AND k.parent_span_id = p.span_id
-                        AND k.stage IS NOT NULL
-                        AND json_extract_string(k.attributes, $derived_path)
-                            IS DISTINCT FROM $derived)
+                        AND k.stage IS NOT NULL)
     ORDER BY {order}
 )
 """
 """The input's spans with a latency attribute that need stages: timed, without tracekit's
-first-token mark, without a real (not derived) stage child stored under them. For each of
+first-token mark, without a stage child stored under them (a real one: nothing to derive;
+a derived one: derived by an earlier ingest of the same span, so counted once). For each of
 :data:`_KEYS` (read in one pass over the attributes): its JSON type ``t<i>``, its value as
 a double ``v<i>``, its JSON text ``x<i>``."""
 
@@ -318,7 +317,13 @@ def derive(
 
     values = ", ".join(_VALUE.format(i=i, n=i + 1) for i in range(len(_KEYS)))
     sql = _CANDIDATES.format(file_no=file_no, values=values, source=source, order=order)
-    cols = _fetch(store, sql, _pick("latency", "mark", "derived_path", "derived", "paths"))
+    cols = _fetch(store, sql, _pick("latency", "mark", "paths"))
+    # The text filter above also matches a key written inside a value (a request body
+    # logged as an attribute): keep the spans that carry a latency key of their own.
+    own = np.logical_or.reduce(
+        [cols[f"t{i}"].astype(str) != "None" for i, key in enumerate(_KEYS) if key in _SECONDS]
+    )
+    cols = {name: values[own] for name, values in cols.items()}
     if len(cols["span_id"]):
         plan = _Plan(cols)
         for i, why, kind in plan.problems():
@@ -504,7 +509,8 @@ class _Plan:
                 pk.LLM_INCONSISTENT,
             ),
         )
-        first = np.where(np.isnan(ttft) | late, before, ttft)
+        # Without a prefill, nothing ends at the first token: the queue starts the span.
+        first = np.where(np.isnan(ttft) | late | ~self.kept[cv.PREFILL], before, ttft)
         # V1's frontend sees the first token after the engine made it, so ttft + decode may
         # pass e2e by that delay: decode then ends at e2e.
         first = np.maximum(before, np.minimum(first, self.bound - length[cv.DECODE]))

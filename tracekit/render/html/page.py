@@ -22,7 +22,7 @@ from typing import Any
 from tracekit import __version__
 from tracekit.analysis.report import Report, Waterfall
 from tracekit.errors import ConfigError
-from tracekit.render.common import ms, pct
+from tracekit.render.common import metric_label, ms, pct
 from tracekit.render.diff import (
     ATTRIBUTE_HEADERS,
     LATENCY_HEADERS,
@@ -171,7 +171,7 @@ def _gate_section(page: Page, report: Report) -> None:
     warnings = "".join(f'<p class="note">warning: {e(w.message)}</p>' for w in g.warnings)
     page.section(
         "gate",
-        f"Release gate: {g.after.label} against {g.before.label}",
+        f"Release gate{metric_label(g.metric)}: {g.after.label} against {g.before.label}",
         table(GATE_HEADERS, _gate_rows(report), "gate-checks"),
         details,
         warnings,
@@ -184,13 +184,13 @@ def _diff_sections(page: Page, report: Report) -> None:
     if report.before is not None and report.after is not None:
         page.section(
             "latency",
-            "Latency",
+            "Latency" + metric_label(d.metric),
             page.chart("latency", charts.latency_curves(d, report.before, report.after)),
             table(LATENCY_HEADERS, latency_rows(d), "latency"),
         )
     page.section(
         "stages",
-        "Which stage explains the tail growth",
+        "Which stage explains the tail growth" + metric_label(d.metric),
         page.chart("shares", charts.counterfactual_shares(d)),
         table(STAGE_HEADERS, stage_rows(d), "stages"),
         f'<p class="note">{e(cohort_line(d))}</p>',
