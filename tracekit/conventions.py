@@ -215,6 +215,17 @@ GENERATION_SPAN_NAME: Final = "tracekit.generation"
 GENERATION_FIRST_TOKEN_NS: Final = "tracekit.generation.first_token_ns"
 """tracekit's own generation span: Unix ns of the first output token."""
 
+# --- profile on trigger (docs/profiling.md) -----------------------------------------
+PROFILE_ID: Final = "tracekit.profile.id"
+"""On a stage span that ran under a triggered ``torch.profiler`` capture: the capture's id
+(16 hex digits), which the profile file's ``tracekit`` metadata carries too."""
+PROFILE_METADATA_KEY: Final = "tracekit"
+"""Top-level key of a capture's Kineto trace file holding tracekit's metadata: ``{profile_id,
+service, service_version, instance_id, pid, reason, trigger {trace_id, span_id, stage,
+duration_ms, rule}, captured [{trace_id, span_id, stage, start_ns, end_ns}]}``."""
+PROFILE_FILE_PREFIX: Final = "tracekit-profile-"
+"""Capture files are ``tracekit-profile-<service>-<pid>-<n>-<profile_id>.pt.trace.json``."""
+
 # --- training steps (docs/design.md, "Training steps") ----------------------------------
 RANK: Final = "tracekit.rank"
 """This process's rank in the training job (resource; also written on each step span)."""
