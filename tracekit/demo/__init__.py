@@ -17,7 +17,12 @@
 - :mod:`tracekit.demo.collect_loop`: ``--collect``, spans over OTLP into ``tracekit collect``.
 - :mod:`tracekit.demo.training` and :mod:`tracekit.demo.trainer`: ``--training``, a 1-rank
   and a 2-rank DDP job and the scaling diff.
-- :mod:`tracekit.demo.command`: the ``tracekit demo`` command (serving or ``--training``).
+- :mod:`tracekit.demo.capacity`: ``--capacity``, small against big batches under bursty
+  load and ``tracekit capacity``'s verdict for each.
+- :mod:`tracekit.demo.llm`: ``--llm``, a token-streaming LLM service with continuous
+  batching, two releases and the diff in TTFT and TPOT beside e2e.
+- :mod:`tracekit.demo.command`: the ``tracekit demo`` command (serving, ``--training``,
+  ``--capacity`` or ``--llm``).
 
 Importing this package loads nothing heavy; each module imports what it needs.
 """

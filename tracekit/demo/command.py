@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,13 @@ Example:
   tracekit demo --otlp-endpoint http://localhost:4318   # the same spans also go to Jaeger
   tracekit demo --collect      # spans over OTLP into `tracekit collect`; metrics scraped
   tracekit demo --capacity     # small vs big batches under bursty load: `tracekit capacity`
+  tracekit demo --llm --regression decode   # a token-streaming service: TTFT, TPOT, e2e
 """
 
 
 def description() -> str:
     """The help text, its regression lists drawn from the tables the runs use."""
+    from tracekit.demo.llm.regressions import DEFAULT_LLM_REGRESSION, LLM_REGRESSIONS
     from tracekit.demo.regressions import REGRESSIONS
     from tracekit.demo.settings import DEFAULT_BLOCK_S
     from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
@@ -57,6 +60,10 @@ def description() -> str:
         for r in REGRESSIONS.values()
     ]
     training = [entry(p.name, p.description, p.expected) for p in TRAINING_REGRESSIONS.values()]
+    llm = [
+        entry(r.name, r.description, f"{r.expected} in {r.metric}")
+        for r in LLM_REGRESSIONS.values()
+    ]
     return "\n".join(
         [
             DESCRIPTION_HEAD.format(block_s=DEFAULT_BLOCK_S).rstrip("\n"),
@@ -66,12 +73,18 @@ def description() -> str:
             "`tracekit steps` and the scaling `tracekit diff`. Regressions of the 2-rank run",
             f"(default {DEFAULT_TRAINING_REGRESSION}):",
             *training,
+            "",
+            "LLM serving (--llm): a token-streaming FastAPI service over a tiny PyTorch decoder",
+            "with continuous batching, v1 and v2 in turns; the diff of TTFT, TPOT and e2e.",
+            f"Regressions of v2 (default {DEFAULT_LLM_REGRESSION}):",
+            *llm,
             DESCRIPTION_TAIL,
         ]
     )
 
 
 def register(sub: Any) -> None:
+    from tracekit.demo.llm.regressions import DEFAULT_LLM_REGRESSION, LLM_REGRESSIONS
     from tracekit.demo.regressions import DEFAULT_REGRESSION, REGRESSIONS
 
     # Not the runner: it imports torch, which would slow every tracekit command's start.
@@ -93,7 +106,8 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help=f"what v2 changes: {'|'.join(REGRESSIONS)} (default {DEFAULT_REGRESSION}); "
         f"with --training {'|'.join(TRAINING_REGRESSIONS)} "
-        f"(default {DEFAULT_TRAINING_REGRESSION})",
+        f"(default {DEFAULT_TRAINING_REGRESSION}); "
+        f"with --llm {'|'.join(LLM_REGRESSIONS)} (default {DEFAULT_LLM_REGRESSION})",
     )
     parser.add_argument(
         "--training",
@@ -107,6 +121,13 @@ def register(sub: Any) -> None:
         help="instead: release A (batches of 2, two workers) and B (batches of 16, one "
         "worker) under bursty load, and `tracekit capacity`'s verdict for each, "
         "e.g. tracekit demo --capacity --keep cap-out",
+    )
+    parser.add_argument(
+        "--llm",
+        action="store_true",
+        help="instead: a token-streaming LLM service (continuous batching, tiny PyTorch "
+        "decoder) as v1 and v2, and the diff of TTFT, TPOT and e2e latency, "
+        "e.g. tracekit demo --llm --regression decode",
     )
     parser.add_argument(
         "--duration",
@@ -157,28 +178,43 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def check_regression(name: str | None, *, training: bool) -> str:
+def check_regression(name: str | None, *, training: bool, llm: bool = False) -> str:
     """The regression to run for this mode (its default when ``name`` is None).
 
-    A name of the other mode, or of none, is a :class:`ConfigError` (one line, exit 2)
-    raised before anything starts.
+    A name of another mode, or of none, is a :class:`ConfigError` (one line, exit 2)
+    raised before anything starts; the hint names the mode it is for.
     """
+    from tracekit.demo.llm.regressions import DEFAULT_LLM_REGRESSION, LLM_REGRESSIONS
     from tracekit.demo.regressions import DEFAULT_REGRESSION, REGRESSIONS
     from tracekit.demo.trainer import DEFAULT_TRAINING_REGRESSION, TRAINING_REGRESSIONS
     from tracekit.errors import ConfigError
 
-    own, other = (
-        (TRAINING_REGRESSIONS, REGRESSIONS) if training else (REGRESSIONS, TRAINING_REGRESSIONS)
-    )
+    # mode: its names, its default, the flags that select it, where another mode's names go
+    modes: dict[str, tuple[Collection[str], str, str, str]] = {
+        "serving": (REGRESSIONS, DEFAULT_REGRESSION, "--regression", "is for the serving demo"),
+        "training": (
+            TRAINING_REGRESSIONS,
+            DEFAULT_TRAINING_REGRESSION,
+            "--training --regression",
+            "needs --training",
+        ),
+        "llm": (LLM_REGRESSIONS, DEFAULT_LLM_REGRESSION, "--llm --regression", "needs --llm"),
+    }
+    mode = "llm" if llm else "training" if training else "serving"
+    own, default, flags, _ = modes[mode]
     if name is None:
-        return DEFAULT_TRAINING_REGRESSION if training else DEFAULT_REGRESSION
+        return default
     if name in own:
         return name
-    mode = "--training --regression" if training else "--regression"
-    hint = ""
-    if name in other:
-        hint = " (that one is for the serving demo)" if training else " (that one needs --training)"
-    raise ConfigError(f"{mode} {name}: use one of {', '.join(own)}{hint}")
+    hint = next(
+        (
+            f" (that one {where})"
+            for m, (names, _, _, where) in modes.items()
+            if m != mode and name in names
+        ),
+        "",
+    )
+    raise ConfigError(f"{flags} {name}: use one of {', '.join(own)}{hint}")
 
 
 def prepare_keep(path: Path) -> Path:
@@ -205,6 +241,15 @@ def prepare_keep(path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tracekit.errors import ConfigError
 
+    if args.llm:
+        if args.training or args.capacity or args.collect:
+            raise ConfigError("--llm runs alone: drop --training, --capacity, --collect")
+        name = check_regression(args.regression, training=False, llm=True)
+        if args.keep is not None:
+            prepare_keep(args.keep)
+        from tracekit.demo.llm.demo import run_llm_demo
+
+        return run_llm_demo(name, keep=args.keep, seed=args.seed)
     if args.capacity:
         if args.training or args.regression is not None or args.collect:
             raise ConfigError("--capacity runs alone: drop --training, --regression, --collect")

@@ -163,7 +163,7 @@ def start_releases(
             r.label, r.regression, seed, r.pricing_file, otlp_endpoint, otlp_protocol
         )
         r.pricing.start(child_environment(values), wait=False)
-    _wait_all([r.pricing for r in releases], timeout_s, on_ready=None)
+    wait_all_ready([r.pricing for r in releases], timeout_s, on_ready=None)
     by_ranker: dict[int, Release] = {}
     for r in releases:
         values = release_env(
@@ -173,14 +173,19 @@ def start_releases(
         values.update((ranker_env or {}).get(r.label, {}))
         r.ranker.start(child_environment(values), wait=False)
         by_ranker[id(r.ranker)] = r
-    _wait_all([r.ranker for r in releases], timeout_s, on_ready=lambda p: by_ranker[id(p)].pause())
+    wait_all_ready(
+        [r.ranker for r in releases], timeout_s, on_ready=lambda p: by_ranker[id(p)].pause()
+    )
 
 
-def _wait_all(
+def wait_all_ready(
     procs: Sequence[ServiceProcess],
     timeout_s: float,
     on_ready: Callable[[ServiceProcess], None] | None,
 ) -> None:
+    """Wait until every process of ``procs`` serves, calling ``on_ready`` on each as it
+    does (``pause`` freezes it there); raises, quoting the first laggard's log, after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     waiting = list(procs)
     while waiting:

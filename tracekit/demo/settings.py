@@ -20,7 +20,7 @@ import gc
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,8 +196,11 @@ def parse_settings(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    regressions: Callable[[str], object] = knobs_for,
 ) -> Settings:
-    """Settings from ``argv`` over ``env`` over the defaults; checks the regression name."""
+    """Settings from ``argv`` over ``env`` over the defaults; checks the regression name
+    with ``regressions`` (the LLM service passes its own)."""
     env = os.environ if env is None else env
     args = parser.parse_args(argv)
 
@@ -215,7 +218,7 @@ def parse_settings(
         seed=args.seed if args.seed is not None else _env_int(env, ENV_SEED, 0),
         batch=parse_batch(pick(getattr(args, "batch", None), ENV_BATCH, "")),
     )
-    knobs_for(settings.regression)  # unknown names fail here, before anything starts
+    regressions(settings.regression)  # unknown names fail here, before anything starts
     return settings
 
 

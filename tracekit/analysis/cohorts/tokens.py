@@ -55,7 +55,10 @@ METRIC_NAMES = {
 }
 
 TTFT_MISMATCH = 0.1
-"""Median relative gap between the engine's TTFT and queue + prefill that is flagged."""
+"""Median relative gap between the engine's TTFT and queue + prefill that is flagged..."""
+TTFT_MISMATCH_MS = 5.0
+"""...when the median gap is also longer than this (a service's own millisecond before
+its generation begins is no mismatch)."""
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -214,8 +217,9 @@ def metric_view(data: ReleaseData, metric: str, tokens: Tokens) -> tuple[Release
         keep &= latency > 0
         both = keep & np.isfinite(measured) & staged & (measured > 0)
         if both.any():
-            gap = float(np.median(np.abs(measured[both] - derived[both]) / measured[both]))
-            if gap > TTFT_MISMATCH:
+            diff = np.abs(measured[both] - derived[both])
+            gap = float(np.median(diff / measured[both]))
+            if gap > TTFT_MISMATCH and float(np.median(diff)) > TTFT_MISMATCH_MS:
                 flags.append(
                     Flag(
                         "ttft_mismatch",
