@@ -133,11 +133,16 @@ def read_tokens(
 
     A store attributed where the traces live (ClickHouse, ``tracekit attribute``) keeps
     no spans here: every value is NaN (``attributed``; :func:`metric_view` then says so).
+    A release without queue, prefill or decode stages has no LLM request, and its spans
+    are not read at all (what keeps an e2e summary or diff of other services as cheap
+    as before).
     """
     n = data.n
     out = Tokens(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
     if getattr(store, "attributed", False):
         return dataclasses.replace(out, attributed=True)
+    if not any(s in data.stages for s in cv.LLM_STAGES):
+        return out  # no LLM request here (ingest derives stages wherever latencies are)
     params = {"labels": [data.label], "service": service, "route": route}
     got = store.con.execute(_TOKENS_SQL, params).fetchnumpy()
     if not len(got["trace_id"]):
