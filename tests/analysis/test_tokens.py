@@ -77,6 +77,9 @@ def test_ttft_diff_names_the_queue_and_tpot_does_not_move(db) -> None:
     p95 = next(r for r in tpot.latency if r.quantile == "p95")
     assert abs(p95.rel_delta) < 0.1  # the same decode per token
     assert e2e.metric == "e2e"
+    # The e2e diff shows the token latencies beside it.
+    assert e2e.tokens is not None
+    assert e2e.tokens["after"].ttft_ms["p95"] > 2 * e2e.tokens["before"].ttft_ms["p95"]
     # The request without token data is in e2e and left out of the views, with a flag.
     assert e2e.after.requests == N + 1 and ttft.after.requests == N
     assert "metric_requests_left_out" in {f.code for f in ttft.flags}
@@ -113,6 +116,8 @@ def test_the_commands_take_metric_and_say_so(db, capsys: pytest.CaptureFixture[s
     doc = json.loads(capsys.readouterr().out)
     assert next(iter(doc)) == "metric" and doc["metric"] == "ttft"
     assert doc["verdict"]["primary_stage"] == cv.QUEUE
+    assert main(["diff", "--before", "v1", "--after", "v2", "--db", str(db)]) == 0
+    assert "beside: TTFT p95" in capsys.readouterr().out
     assert main(["summary", "--version", "v1", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "tokens: TTFT p50" in out and "TPOT p50" in out

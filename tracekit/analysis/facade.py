@@ -47,6 +47,7 @@ from tracekit.analysis.compare.summary import (
 from tracekit.analysis.gate.budgets import Budget, GateConfig, load_config, parse_budgets
 from tracekit.analysis.gate.evaluate import DEFAULT_CONFIDENCE, GateResult, run_gate
 from tracekit.analysis.ingest import genai
+from tracekit.analysis.ingest.kineto_profiles import Armed, arm_capture
 from tracekit.analysis.ingest.problems import ProblemLog
 from tracekit.analysis.loading import JAEGER_LIMIT, IngestOutcome, ingest
 from tracekit.analysis.report import Report
@@ -63,6 +64,7 @@ from tracekit.errors import ConfigError
 __all__ = [
     "JAEGER_LIMIT",
     "Analysis",
+    "Armed",
     "AttributeReport",
     "AttributedNames",
     "CapacityResult",
@@ -80,6 +82,7 @@ __all__ = [
     "Slo",
     "TrainingDiff",
     "TrainingGateResult",
+    "arm_profile",
     "ingest",
     "local_store_path",
     "parse_slo",
@@ -95,6 +98,14 @@ def local_store_path(store: str | Path, *, table: str = DEFAULT_TABLE) -> str | 
     url = parse_store_url(str(store), table=table)
     local = url.kind in ("duckdb", "chdb") and url.path and url.path != ":memory:"
     return url.path if local else None
+
+
+def arm_profile(pid: int, steps: int | None = None) -> Armed:
+    """Ask the running service ``pid`` (this user's) for one on-demand profile capture
+    (SIGUSR2; docs/kineto.md, "Profiles captured on trigger"). ``steps`` is advisory:
+    the service captures its configured number of executions. A missing, foreign or
+    unprepared process is a :class:`ConfigError`."""
+    return arm_capture(pid, steps)
 
 
 @dataclass(frozen=True)

@@ -116,21 +116,38 @@ def attribute_rows(attributes: Sequence[AttributeLift]) -> list[list[str]]:
     ]
 
 
-EXEMPLAR_HEADERS = ["trace", "duration ms", "primary stage ms", "link"]
+EXEMPLAR_HEADERS = ["trace", "duration ms", "primary stage ms", "profile", "link"]
+
+
+def profile_marker(e: Exemplar) -> str:
+    """``profile 3f2a0000deadbeef`` (``+N`` more) for a trace with a profile captured on
+    trigger (``tracekit explain`` shows it); empty without."""
+    if not e.profile_ids:
+        return ""
+    more = f" +{len(e.profile_ids) - 1}" if len(e.profile_ids) > 1 else ""
+    return f"profile {e.profile_ids[0]}{more}"
 
 
 def exemplar_rows(exemplars: Sequence[Exemplar]) -> list[list[str]]:
-    """Trace, duration, primary-stage ms, and the link column only when there are links."""
+    """Trace, duration, primary-stage ms; the profile column only when a trace has a
+    profile, the link column only when there are links (as :func:`exemplar_headers`)."""
+    profiles = any(e.profile_ids for e in exemplars)
     with_links = any(e.url for e in exemplars)
     return [
         [e.trace_id, _num(e.duration_ms), _num(e.primary_stage_ms)]
+        + ([profile_marker(e)] if profiles else [])
         + ([e.url or ""] if with_links else [])
         for e in exemplars
     ]
 
 
 def exemplar_headers(exemplars: Sequence[Exemplar]) -> list[str]:
-    return EXEMPLAR_HEADERS if any(e.url for e in exemplars) else EXEMPLAR_HEADERS[:3]
+    return [
+        h
+        for h in EXEMPLAR_HEADERS
+        if (h != "profile" or any(e.profile_ids for e in exemplars))
+        and (h != "link" or any(e.url for e in exemplars))
+    ]
 
 
 def cohort_line(result: DiffResult) -> str:
@@ -165,9 +182,25 @@ def flag_items(flags: Sequence[Flag]) -> list[str]:
     return [f"- **{printable(f.code)}**: {printable(f.message)}" for f in flags]
 
 
+def tokens_beside(result: DiffResult) -> str | None:
+    """``TTFT p95 51.5 → 506.8 ms, TPOT p95 15.3 → 9.7 ms`` where both releases have them,
+    beside whichever metric the diff compares."""
+    t = result.tokens
+    if t is None:
+        return None
+    parts = []
+    for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
+        b, a = getattr(t["before"], key), getattr(t["after"], key)
+        if b is not None and a is not None and name.lower() != result.metric:
+            parts.append(f"{name} p95 {b['p95']:.1f} → {a['p95']:.1f} ms")
+    return ("beside: " + ", ".join(parts)) if parts else None
+
+
 def render_table(result: DiffResult) -> str:
+    beside = tokens_beside(result)
     parts: list[Any] = [
         as_text(result.verdict.summary, style="bold"),
+        *([as_text(beside)] if beside else []),
         "",
         _table(
             f"Latency{metric_label(result.metric)} {result.before.label} → {result.after.label}"
@@ -210,6 +243,7 @@ def render_markdown(result: DiffResult) -> str:
         "",
         f"**{printable(result.verdict.summary)}**",
         "",
+        *([printable(beside), ""] if (beside := tokens_beside(result)) else []),
         markdown_table(LATENCY_HEADERS, latency_rows(result)),
         "",
         markdown_table(STAGE_HEADERS, stage_rows(result)),
@@ -224,11 +258,12 @@ def render_markdown(result: DiffResult) -> str:
             markdown_table(ATTRIBUTE_HEADERS, attribute_rows(result.attributes)),
         ]
     if result.exemplars:
+        headers = [h for h in exemplar_headers(result.exemplars) if h != "link"]
         rows = [
-            [f"[{r[0]}]({r[3]})" if len(r) > 3 else f"`{r[0]}`", r[1], r[2]]
-            for r in exemplar_rows(result.exemplars)
+            [f"[{e.trace_id}]({e.url})" if e.url else f"`{e.trace_id}`", *r[1 : len(headers)]]
+            for e, r in zip(result.exemplars, exemplar_rows(result.exemplars), strict=True)
         ]
-        out += ["", "Exemplar slow traces:", "", markdown_table(EXEMPLAR_HEADERS[:3], rows)]
+        out += ["", "Exemplar slow traces:", "", markdown_table(headers, rows)]
     if result.flags:
         out += [""] + flag_items(result.flags)
     return "\n".join(out) + "\n"

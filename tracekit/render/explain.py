@@ -3,7 +3,9 @@ JSON and markdown. Renderers never query; they only format what the analysis ret
 
 In the waterfall, ``█`` marks a span's own pieces of the critical path and ``░`` the
 rest of its interval; ``★`` flags spans with time on the path. A stage derived from an
-engine's latency attributes reads ``queue (from attributes)``, in both tables.
+engine's latency attributes reads ``queue (from attributes)``, in both tables. Each
+profile captured on trigger that the request triggered or ran under follows, as its
+heading (:func:`profile_heading`), its top ops and kernels by self time and its GPU line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from rich.table import Table
 from rich.text import Text
 
 from tracekit import conventions as cv
-from tracekit.analysis.attribution.explain import ExplainSpan, Explanation
+from tracekit.analysis.attribution.explain import (
+    ExplainProfile,
+    ExplainSpan,
+    Explanation,
+    ProfileOp,
+)
 from tracekit.render.common import as_text, markdown_table, ms, pct, rich_to_text, to_json
 from tracekit.render.text import printable
 
@@ -116,6 +123,94 @@ def _label(span: ExplainSpan) -> str:
     return label if len(label) <= _NAME_WIDTH else label[: _NAME_WIDTH - 1] + "…"
 
 
+def profile_heading(p: ExplainProfile) -> str:
+    """``profile 3f2a… (rule, captured 3 executions, triggered by TRACE model_execute 212.5 ms)``."""
+    if not p.ingested:
+        return f"profile {p.profile_id} (named by this trace's spans; its file is not ingested)"
+    runs = "execution" if p.captured == 1 else "executions"
+    bits = [p.reason or "", f"captured {p.captured} {runs}"]
+    if p.trigger_trace_id:
+        cause = " ".join(x for x in (p.trigger_trace_id, p.stage) if x)
+        took = f" {ms(p.trigger_ms)}" if p.trigger_ms is not None else ""
+        bits.append(f"triggered by {cause}{took}")
+    return f"profile {p.profile_id} ({', '.join(b for b in bits if b)})"
+
+
+def profile_role(p: ExplainProfile) -> str:
+    """What this request has to do with the profile, in a sentence."""
+    if not p.ingested:
+        return (
+            f"Ingest its file ({cv.PROFILE_FILE_PREFIX}…-{p.profile_id}.pt.trace.json) to see "
+            "its top ops."
+        )
+    if p.role == "triggered":
+        return f"This request's {p.stage or 'stage'} took {ms(p.trigger_ms)} and fired the capture."
+    took = f" ({ms(p.captured_ms)})" if p.captured_ms is not None else ""
+    if p.role == "captured":
+        return f"This request's {p.stage or 'stage'}{took} ran under the profiler."
+    if p.role == "overlapping":
+        return (
+            f"This request's {p.stage or 'stage'}{took} ran only partly under the profiler "
+            "(already running when it started, or begun after the captured executions)."
+        )
+    return "This request's spans name the profile."
+
+
+def profile_totals(p: ExplainProfile) -> str | None:
+    """What the capture holds in all: its wall time, CPU and device time, its file."""
+    if not p.ingested:
+        return None
+    device = f", device ops {ms(p.kernel_ms, 3)}" if p.top_kernels else ""
+    return f"{ms(p.wall_ms, 3)} profiled: CPU ops {ms(p.cpu_ms, 3)} self time{device} ({p.source})"
+
+
+def profile_gpu_line(p: ExplainProfile) -> str | None:
+    """HTA's GPU figures of the capture, in a line; None without a GPU."""
+    g = p.gpu
+    if g is None:
+        return None
+    overlap = "" if g.comm_overlap_pct is None else f", comm overlap {g.comm_overlap_pct:.1f}%"
+    return (
+        f"GPU: {g.kernels} device ops over {ms(g.window_ms, 2)}: idle {g.idle_pct:.1f}%, "
+        f"compute {g.compute_pct:.1f}%, non-compute {g.non_compute_pct:.1f}%{overlap}; "
+        f"idle waiting on host launches {ms(g.host_wait_ms, 2)}"
+    )
+
+
+_OP_HEADERS = ["calls", "self", "share"]
+
+
+def _op_rows(ops: list[ProfileOp]) -> list[list[str]]:
+    return [[o.name, str(o.calls), ms(o.self_ms, 3), pct(o.share)] for o in ops]
+
+
+def _op_tables(p: ExplainProfile) -> list[tuple[str, list[list[str]]]]:
+    """(first column's title, rows): CPU ops, then kernels where there were any."""
+    out = [("CPU op (by self time)", _op_rows(p.top_ops))] if p.top_ops else []
+    if p.top_kernels:
+        out.append(("GPU kernel (by time)", _op_rows(p.top_kernels)))
+    return out
+
+
+def _profile_parts(e: Explanation) -> list[Any]:
+    parts: list[Any] = []
+    for p in e.profiles:
+        parts += ["", as_text(profile_heading(p), style="bold"), as_text(profile_role(p))]
+        if (totals := profile_totals(p)) is not None:
+            parts.append(as_text(totals, style="dim"))
+        for title, rows in _op_tables(p):
+            table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+            table.add_column(title, no_wrap=True)
+            for header in _OP_HEADERS:
+                table.add_column(header, justify="right", no_wrap=True)
+            for row in rows:
+                table.add_row(*(as_text(cell) for cell in row))
+            parts.append(table)
+        if (line := profile_gpu_line(p)) is not None:
+            parts.append(as_text(line))
+    return parts
+
+
 def render_table(e: Explanation) -> str:
     """The waterfall and the stage split, for a terminal."""
     spans = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -162,6 +257,7 @@ def render_table(e: Explanation) -> str:
     legend = f"{STAR} on the critical path   {PATH_GLYPH} the span's own path time   {OFF_PATH_GLYPH} off the path"
     parts: list[Any] = [as_text(_title(e), style="bold"), as_text(headline(e)), *_notes(e), ""]
     parts += [spans, Text(legend, style="dim"), "", Text("Per stage", style="bold"), stages]
+    parts += _profile_parts(e)
     return rich_to_text(*parts, width=150)
 
 
@@ -172,6 +268,7 @@ def _as_dict(e: Explanation) -> dict[str, Any]:
         d["on_critical_path"] = span.on_critical_path
         d["path"] = [{"start_ms": s, "end_ms": t} for s, t in span.path]
     out["summary"] = headline(e)
+    out["profiles"] = out.pop("profiles")  # after the summary: the request first
     return out
 
 
@@ -223,6 +320,14 @@ def render_markdown(e: Explanation) -> str:
             span_rows,
         )
     )
+    for p in e.profiles:
+        lines += ["", f"#### {printable(profile_heading(p))}", "", printable(profile_role(p))]
+        if (totals := profile_totals(p)) is not None:
+            lines += ["", f"_{printable(totals)}_"]
+        for title, rows in _op_tables(p):
+            lines += ["", markdown_table([title, *_OP_HEADERS], rows)]
+        if (gpu := profile_gpu_line(p)) is not None:
+            lines += ["", gpu]
     return "\n".join(lines) + "\n"
 
 

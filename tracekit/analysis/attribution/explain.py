@@ -5,13 +5,19 @@
 that the renderers in :mod:`tracekit.render.explain` draw. It works from ``spans``
 alone, so a trace can be explained before (or without) a refresh. Stage spans that ingest
 derived from an engine's latency attributes (``tracekit.stage.derived``) are marked, and
-so are the stages their time makes.
+so are the stages their time makes. A trace that triggered a profile capture, or ran
+under one (its spans carry ``tracekit.profile.id``), gets each profile's top ops and GPU
+figures from the ``profiles`` table (:func:`trace_profiles`; docs/kineto.md,
+"Profiles captured on trigger").
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
@@ -29,6 +35,38 @@ _FIND_SQL = """
 SELECT DISTINCT trace_id FROM spans WHERE starts_with(trace_id, $prefix) ORDER BY 1 LIMIT 3
 """
 _RELEASE_SQL = "SELECT service_version FROM spans WHERE trace_id = $trace AND span_id = $span"
+_PROFILE_ID_PATH = '$."' + cv.PROFILE_ID + '"'
+_SPAN_PROFILES_SQL = """
+SELECT DISTINCT json_extract_string(attributes, $path) FROM spans
+WHERE trace_id = $trace AND json_extract_string(attributes, $path) IS NOT NULL
+"""
+_PROFILE_COLUMNS = (
+    "profile_id",
+    "reason",
+    "service",
+    "service_version",
+    "source",
+    "trigger_trace_id",
+    "trigger_span_id",
+    "stage",
+    "trigger_duration_ms",
+    "captured",
+    "overlapping",
+    "wall_ns",
+    "cpu_self_ns",
+    "kernel_ns",
+    "top_ops",
+    "top_kernels",
+    "gpu",
+)
+_PROFILES_SQL = f"""
+SELECT {", ".join(_PROFILE_COLUMNS)} FROM profiles
+WHERE list_contains(trace_ids, $trace) OR list_contains($ids, profile_id)
+ORDER BY start_ns NULLS LAST, profile_id
+"""
+_PROFILE_IDS_SQL = """
+SELECT profile_id FROM profiles WHERE list_contains(trace_ids, $trace) ORDER BY profile_id
+"""
 _DERIVED_SQL = """
 SELECT span_id, json_extract_string(attributes, $path) FROM spans
 WHERE trace_id = $trace AND stage IS NOT NULL AND json_extract_string(attributes, $path) IS NOT NULL
@@ -90,6 +128,67 @@ class ExplainStage:
     latency attributes rather than spans the trace carried."""
 
 
+@dataclass(frozen=True)
+class ProfileOp:
+    """One CPU op or device kernel of a profile, by self time."""
+
+    name: str
+    calls: int
+    self_ms: float
+    share: float
+    """Of the profile's summed CPU self time (kernels: of its summed device time)."""
+
+
+@dataclass(frozen=True)
+class ProfileGpu:
+    """A profile's GPU time line, with HTA's definitions (docs/kineto.md)."""
+
+    kernels: int
+    """Device ops (kernels, memcpy, memset)."""
+    window_ms: float
+    idle_pct: float
+    compute_pct: float
+    non_compute_pct: float
+    comm_overlap_pct: float | None
+    """None without communication kernels."""
+    host_wait_ms: float
+    """Idle gaps on the streams that the host's late launches caused."""
+
+
+@dataclass(frozen=True)
+class ExplainProfile:
+    """A profile captured on trigger that this request triggered or ran under."""
+
+    profile_id: str
+    role: str
+    """``triggered`` (this request's slow stage fired the rule), ``captured`` (its stage
+    ran under the profiler), ``overlapping`` (only part of it did) or ``linked`` (a span
+    names the profile, the metadata does not name the trace)."""
+    ingested: bool
+    """False when a span names the profile but its file was not ingested (no figures)."""
+    reason: str | None = None
+    """``rule`` or ``on_demand``."""
+    service: str | None = None
+    release: str | None = None
+    source: str | None = None
+    trigger_trace_id: str | None = None
+    trigger_span_id: str | None = None
+    stage: str | None = None
+    """The trigger's stage (on demand: the captured executions')."""
+    trigger_ms: float | None = None
+    captured: int = 0
+    """Stage executions the capture ran for."""
+    captured_ms: float | None = None
+    """This request's captured (or overlapping) execution's duration, when it is one."""
+    wall_ms: float = 0.0
+    cpu_ms: float = 0.0
+    """Self time of every CPU op, summed."""
+    kernel_ms: float = 0.0
+    top_ops: list[ProfileOp] = field(default_factory=list)
+    top_kernels: list[ProfileOp] = field(default_factory=list)
+    gpu: ProfileGpu | None = None
+
+
 @dataclass
 class Explanation:
     """One request trace, ready to render."""
@@ -110,6 +209,8 @@ class Explanation:
     skewed_spans: int
     fallback: bool
     """Stages derived from span names/kinds (the trace carries no ``tracekit.stage``)."""
+    profiles: list[ExplainProfile] = field(default_factory=list)
+    """Profiles captured on trigger that this request triggered or ran under."""
 
 
 def resolve_trace_id(store: Store, trace_id: str) -> str:
@@ -215,6 +316,101 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
         hidden_spans=len(t.span_id) - len(spans),
         skewed_spans=a.skewed_spans,
         fallback=a.fallback,
+        profiles=trace_profiles(store, full),
+    )
+
+
+# --- profiles captured on trigger ------------------------------------------------------
+
+
+def profile_ids(store: Store, trace_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The profiles each trace triggered or ran under, by id (sorted; empty when none):
+    those its spans name (``tracekit.profile.id``) and those whose metadata names it."""
+    spans, table = store.has_table("spans"), store.has_table("profiles")
+    out: dict[str, list[str]] = {}
+    for trace in trace_ids:
+        found = set(_span_profile_ids(store, trace)) if spans else set()
+        if table:
+            found.update(r[0] for r in store.run(_PROFILE_IDS_SQL, {"trace": trace}))
+        out[trace] = sorted(found)
+    return out
+
+
+def trace_profiles(store: Store, trace_id: str) -> list[ExplainProfile]:
+    """What ``explain`` shows of the profiles of ``trace_id`` (the trigger first)."""
+    named = _span_profile_ids(store, trace_id) if store.has_table("spans") else []
+    rows = []
+    if store.has_table("profiles"):
+        rows = store.run(_PROFILES_SQL, {"trace": trace_id, "ids": named})
+    found = [_profile(trace_id, row) for row in rows]
+    seen = {p.profile_id for p in found}
+    found += [ExplainProfile(pid, "linked", ingested=False) for pid in named if pid not in seen]
+    order = {"triggered": 0, "captured": 1, "overlapping": 2, "linked": 3}
+    return sorted(found, key=lambda p: order[p.role])  # stable: by start within a role
+
+
+def _span_profile_ids(store: Store, trace_id: str) -> list[str]:
+    rows = store.run(_SPAN_PROFILES_SQL, {"trace": trace_id, "path": _PROFILE_ID_PATH})
+    return sorted(str(r[0]).lower() for r in rows)
+
+
+def _profile(trace_id: str, row: Sequence[Any]) -> ExplainProfile:
+    r = dict(zip(_PROFILE_COLUMNS, row, strict=True))
+    captured = json.loads(r["captured"])
+    mine = [c for c in captured if c.get("trace_id") == trace_id]
+    part = [c for c in json.loads(r["overlapping"]) if c.get("trace_id") == trace_id]
+    here = None
+    for c in (mine or part)[:1]:
+        if c.get("start_ns") is not None and c.get("end_ns") is not None:
+            here = (c["end_ns"] - c["start_ns"]) / NS_PER_MS
+    role = "captured" if mine else "overlapping" if part else "linked"
+    if r["trigger_trace_id"] == trace_id:
+        role = "triggered"
+    return ExplainProfile(
+        profile_id=r["profile_id"],
+        role=role,
+        ingested=True,
+        reason=r["reason"],
+        service=r["service"],
+        release=r["service_version"],
+        source=r["source"],
+        trigger_trace_id=r["trigger_trace_id"],
+        trigger_span_id=r["trigger_span_id"],
+        stage=r["stage"],
+        trigger_ms=r["trigger_duration_ms"],
+        captured=len(captured),
+        captured_ms=here,
+        wall_ms=r["wall_ns"] / NS_PER_MS,
+        cpu_ms=r["cpu_self_ns"] / NS_PER_MS,
+        kernel_ms=r["kernel_ns"] / NS_PER_MS,
+        top_ops=_ops(r["top_ops"], r["cpu_self_ns"]),
+        top_kernels=_ops(r["top_kernels"], r["kernel_ns"]),
+        gpu=None if r["gpu"] is None else _gpu(json.loads(r["gpu"])),
+    )
+
+
+def _ops(text: str, total_ns: int) -> list[ProfileOp]:
+    return [
+        ProfileOp(
+            name=o["name"],
+            calls=int(o["calls"]),
+            self_ms=o["self_ns"] / NS_PER_MS,
+            share=o["self_ns"] / total_ns if total_ns else 0.0,
+        )
+        for o in json.loads(text)
+    ]
+
+
+def _gpu(f: dict[str, int]) -> ProfileGpu:
+    window = f["window_ns"] or 1
+    return ProfileGpu(
+        kernels=f["kernels"],
+        window_ms=f["window_ns"] / NS_PER_MS,
+        idle_pct=100.0 * f["idle_ns"] / window,
+        compute_pct=100.0 * f["compute_ns"] / window,
+        non_compute_pct=100.0 * f["non_compute_ns"] / window,
+        comm_overlap_pct=100.0 * f["overlap_ns"] / f["comm_ns"] if f["comm_ns"] else None,
+        host_wait_ms=f["host_wait_ns"] / NS_PER_MS,
     )
 
 

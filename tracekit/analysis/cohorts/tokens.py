@@ -178,10 +178,17 @@ def load_metric(
     datas = load_releases(store, labels, service=service, route=route)
     if metric == E2E:
         return datas, []
+    tokens = [read_tokens(store, d, service=service, route=route) for d in datas]
+    return views_of(datas, tokens, metric)
+
+
+def views_of(
+    datas: list[ReleaseData], tokens: list[Tokens], metric: str
+) -> tuple[list[ReleaseData], list[Flag]]:
+    """Each release through :func:`metric_view`, with every view's flags."""
     views, flags = [], []
-    for data in datas:
-        tokens = read_tokens(store, data, service=service, route=route)
-        view, more = metric_view(data, metric, tokens)
+    for data, t in zip(datas, tokens, strict=True):
+        view, more = metric_view(data, metric, t)
         views.append(view)
         flags.extend(more)
     return views, flags

@@ -18,16 +18,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit import conventions as cv
+from tracekit.analysis.attribution.explain import profile_ids
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
-from tracekit.analysis.cohorts.release import ReleaseData
+from tracekit.analysis.cohorts.release import ReleaseData, load_releases
 from tracekit.analysis.cohorts.sampling import (
     UNWEIGHTED_TAIL_SAMPLING,
     estimated_requests,
     unweighted_tail_sampling,
 )
 from tracekit.analysis.cohorts.stats import DEFAULT_QUANTILES, QuantileDelta
-from tracekit.analysis.cohorts.tokens import E2E, load_metric
+from tracekit.analysis.cohorts.tokens import (
+    E2E,
+    TokenSummary,
+    read_tokens,
+    token_summary,
+    views_of,
+)
 from tracekit.analysis.compare.intervals import CLUSTER_S, clustered_quantile_deltas
 from tracekit.analysis.compare.wording import (
     cpu_flag,
@@ -103,6 +110,14 @@ class Exemplar:
     duration_ms: float
     primary_stage_ms: float
     url: str | None = None
+    profile_ids: list[str] = field(default_factory=list)
+    """Profiles captured on trigger that this trace triggered or ran under (docs/kineto.md)."""
+
+
+def with_profile_ids(store: Store, exemplars: list[Exemplar]) -> list[Exemplar]:
+    """``exemplars`` with the ids of the profiles each triggered or ran under."""
+    ids = profile_ids(store, [e.trace_id for e in exemplars])
+    return [dataclasses.replace(e, profile_ids=ids[e.trace_id]) for e in exemplars]
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,9 @@ class DiffResult:
     flags: list[Flag] = field(default_factory=list)
     metric: str = "e2e"
     """The latency compared: ``e2e``, ``ttft`` or ``tpot`` (docs/llm.md)."""
+    tokens: dict[str, TokenSummary] | None = None
+    """``before`` and ``after`` token latencies (TTFT, TPOT, token counts) shown beside the
+    compared metric, where both releases have LLM requests; None otherwise."""
 
 
 def _latency_row(d: QuantileDelta) -> LatencyRow:
@@ -364,7 +382,10 @@ def diff_releases(
     """
     # Both releases in one pass over request_stages: its join on the trace id is the
     # largest part of a load at a million requests.
-    (b, a), view_flags = load_metric(store, [before, after], metric, service=service, route=route)
+    b0, a0 = load_releases(store, [before, after], service=service, route=route)
+    tokens = [read_tokens(store, d, service=service, route=route) for d in (b0, a0)]
+    (b, a), view_flags = views_of([b0, a0], tokens, metric)
+    beside = [token_summary(d, t) for d, t in zip((b0, a0), tokens, strict=True)]
     result = compute_diff(b, a, confidence=confidence, seed=seed, jaeger_url=jaeger_url)
     slow_ids = kept_ids = None
     if metric != E2E:  # the tail of this metric, by trace, not of the request's duration
@@ -381,5 +402,12 @@ def diff_releases(
         kept_ids=kept_ids,
     )
     return dataclasses.replace(
-        result, attributes=attributes, metric=metric, flags=[*result.flags, *view_flags]
+        result,
+        attributes=attributes,
+        exemplars=with_profile_ids(store, result.exemplars),
+        metric=metric,
+        flags=[*result.flags, *view_flags],
+        tokens=None
+        if beside[0] is None or beside[1] is None
+        else {"before": beside[0], "after": beside[1]},
     )

@@ -36,7 +36,7 @@ from tracekit.analysis.cohorts.tokens import (
     read_tokens,
     token_summary,
 )
-from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar
+from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar, with_profile_ids
 from tracekit.analysis.compare.wording import (
     few_requests_flag,
     issue_phrase,
@@ -352,4 +352,5 @@ def slow_vs_fast(
         )
         for e in result.exemplars
     ]
+    exemplars = with_profile_ids(store, exemplars)
     return SlowFast(**{**result.__dict__, "attributes": attributes, "exemplars": exemplars})

@@ -17,6 +17,11 @@ step goes into the table ``kineto_gpu`` (``sql/kineto.sql``) under the run label
 
 Rank and world size come from ``distributedInfo``; a file without it is rank 0 of 1
 (with a warning). ``ts`` is absolute µs, or µs after ``baseTimeNanoseconds``.
+
+A file with tracekit's metadata (the top-level ``tracekit`` key, a capture a serving
+process wrote on trigger) is no rank: it makes no spans and no ``kineto_gpu`` rows but
+one row of ``profiles`` (:mod:`.kineto_profiles`), and any number of them from one
+process load.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.ingest import detect
 from tracekit.analysis.ingest import kineto_comm as comm
+from tracekit.analysis.ingest import kineto_profiles as tp
 from tracekit.analysis.ingest import kineto_timeline as tl
+from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.kineto_events import EventSink, Extent, Interval
 from tracekit.analysis.ingest.kineto_stream import KinetoFormatError, KinetoStream
 from tracekit.analysis.ingest.rows import Origin, Resource, make_row
@@ -90,6 +97,8 @@ class KinetoResult:
     world_size: int = 1
     steps: int = 0
     source: str = ""
+    profile: tp.TriggerProfile | None = None
+    """A capture on trigger (then no rows, no figures): what its ``profiles`` row holds."""
 
 
 def read_kineto(
@@ -101,19 +110,32 @@ def read_kineto(
     comm_pattern: re.Pattern[str] | None,
     earlier: list[KinetoResult] | None = None,
 ) -> KinetoResult | None:
-    """Decode one rank file; problems go to ``origin.log``; None when it was unreadable.
+    """Decode one rank file (or capture); problems go to ``origin.log``; None when it was
+    unreadable.
 
     ``earlier``: the files of this ingest read before; a second file of the same rank
-    is skipped (one run label, one profile per rank).
+    is skipped (one run label, one profile per rank), as is a second copy of a capture.
     """
     sink = EventSink(comm_pattern)
     extent: tuple[int, int] | None = None
+    ops: tp.OpTable | None = None
     try:
         with detect.open_text(path, gz) as fh:
             stream = KinetoStream(fh)
             for ev in stream.events():
+                # Kineto writes its metadata before the events: a capture is known by then.
+                if stream.count == 1 and cv.PROFILE_METADATA_KEY in stream.meta:
+                    ops = tp.OpTable()
                 sink.add(ev)
-        if not sink.steps and not sink.top_level_annotations():
+                if ops is not None:
+                    ops.add(ev)
+        meta = _capture_meta(stream.meta, origin)
+        if meta is not None and ops is None:  # the key came after the events
+            ops = tp.OpTable()
+            with detect.open_text(path, gz) as fh:
+                for ev in KinetoStream(fh).events():
+                    ops.add(ev)
+        if meta is None and not sink.steps and not sink.top_level_annotations():
             # The whole trace is the window: a second pass finds its ends, so that the
             # first (every file's) converts no time it does not keep.
             ends = Extent()
@@ -138,15 +160,47 @@ def read_kineto(
             skipped=1,
         )
         return None
-    result = _build(sink, stream.meta, origin, version, extent)
+    if meta is not None and ops is not None:
+        profile = tp.build(meta, sink, ops, stream.meta, origin.display, version)
+        result = KinetoResult(source=origin.display, profile=profile)
+    else:
+        result = _build(sink, stream.meta, origin, version, extent)
     return None if rank_again(result, earlier or [], origin) else result
+
+
+def _capture_meta(meta: dict[str, Any], origin: Origin) -> tp.ProfileMeta | None:
+    """The file's tracekit metadata, when it is a capture; a malformed one is a warning
+    and the file a plain profile."""
+    if cv.PROFILE_METADATA_KEY not in meta:
+        return None
+    parsed = tp.parse_meta(meta[cv.PROFILE_METADATA_KEY])
+    if isinstance(parsed, str):
+        origin.log.add(
+            origin.display,
+            f"tracekit metadata unreadable ({parsed}); read as a plain profile, not a capture",
+            tp.BAD_METADATA,
+        )
+        return None
+    return parsed
 
 
 def rank_again(result: KinetoResult, earlier: list[KinetoResult], origin: Origin) -> bool:
     """One profile per rank per run: whether ``result``'s rank was in a file before
-    (then logged, and the file skipped). The parallel ingest applies it in the parent."""
+    (then logged, and the file skipped); for a capture, whether the same capture was.
+    The parallel ingest applies it in the parent."""
+    if result.profile is not None:
+        pid = result.profile.meta.profile_id
+        for other in earlier:
+            if other.profile is not None and other.profile.meta.profile_id == pid:
+                origin.log.add(
+                    origin.display,
+                    f"profile {pid} again (first in {other.source}); kept the first",
+                    pk.DUPLICATE,
+                )
+                return True
+        return False
     for other in earlier:
-        if other.rank == result.rank:
+        if other.profile is None and other.rank == result.rank:
             origin.log.add(
                 origin.display,
                 f"rank {result.rank} again (first in {other.source}): one profile per rank "
@@ -391,7 +445,9 @@ def ensure_table(store: Store) -> None:
 
 
 def store_figures(store: Store, results: list[KinetoResult], version: str | None) -> int:
-    """Write the GPU figures of ``results`` under run label ``version``; rows written."""
+    """Write the GPU figures of ``results`` under run label ``version``, and the captures
+    among them into ``profiles``; figure rows written."""
+    tp.store_profiles(store, [r.profile for r in results if r.profile is not None])
     ensure_table(store)
     label = version or ""
     columns = ("run_label", "rank", "step", "world_size", "source", *_FIGURE_COLUMNS)

@@ -2,7 +2,9 @@
 
 The schema lives in ``sql/schema.sql``. Spans are keyed by (trace_id, span_id), so
 re-ingesting a file changes nothing. Derived tables (``requests``, ``request_stages``)
-are rebuilt by :func:`tracekit.analysis.attribution.per_request.refresh`.
+are rebuilt by :func:`tracekit.analysis.attribution.per_request.refresh`; ``profiles``
+(captures on trigger, keyed by their id) is written at ingest. A store written before a
+table existed gains it when next opened for writing; read-only, ask :meth:`Store.has_table`.
 """
 
 from __future__ import annotations
@@ -191,6 +193,15 @@ class Store:
             arr[:] = values
             frame[column] = arr
         self.con.register(name, frame)
+
+    def has_table(self, name: str) -> bool:
+        """Whether the table exists (a store written by an older tracekit may lack one)."""
+        rows = self.run(
+            "SELECT count(*) FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_name = $name",
+            {"name": name},
+        )
+        return bool(rows and rows[0][0])
 
     def span_count(self) -> int:
         rows = self.run("SELECT count(*) FROM spans")

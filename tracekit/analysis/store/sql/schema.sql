@@ -69,3 +69,31 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     spans        BIGINT,
     problems     BIGINT
 );
+
+-- Profiles captured on trigger: one row per Kineto file a serving process wrote with
+-- tracekit's metadata (docs/kineto.md, "Profiles captured on trigger"), written by
+-- tracekit.analysis.ingest.kineto_profiles. What explain shows is computed at ingest.
+CREATE TABLE IF NOT EXISTS profiles (
+    profile_id          VARCHAR PRIMARY KEY,  -- 16 hex; the captured spans' tracekit.profile.id
+    source              VARCHAR,              -- the file it was read from
+    service             VARCHAR,
+    service_version     VARCHAR,              -- the metadata's, else --version
+    instance_id         VARCHAR,
+    pid                 BIGINT,
+    reason              VARCHAR NOT NULL,     -- rule | on_demand
+    trigger_trace_id    VARCHAR,              -- the request whose slow stage fired the rule
+    trigger_span_id     VARCHAR,
+    stage               VARCHAR,              -- the trigger's stage, else the captured one's
+    trigger_duration_ms DOUBLE,
+    trigger_rule        VARCHAR,
+    trace_ids           VARCHAR[] NOT NULL,   -- the trigger's, captured and overlapping traces
+    captured            JSON NOT NULL,        -- [{trace_id, span_id, stage, start_ns, end_ns}]
+    overlapping         JSON NOT NULL,        -- the same, for executions profiled only in part
+    start_ns            BIGINT,               -- first op's start (Unix ns, as the file says)
+    wall_ns             BIGINT NOT NULL,      -- first op's start to the last op's end
+    cpu_self_ns         BIGINT NOT NULL,      -- self time of every CPU op, summed
+    kernel_ns           BIGINT NOT NULL,      -- time of every device op, summed (0: no GPU)
+    top_ops             JSON NOT NULL,        -- CPU ops by self time: [{name, calls, self_ns, total_ns}]
+    top_kernels         JSON NOT NULL,        -- device ops by time, the same fields
+    gpu                 JSON                  -- GPU time line (kineto_gpu's figures); NULL without one
+);
