@@ -137,6 +137,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_two_captures_from_one_process_both_load_as_profiles_not_ranks(world):
     report = world["report"]
     assert report.skipped == 0 and report.counts == {}  # no "rank 0 again", no kineto_no_rank
+    assert (report.profiles, report.profiles_stored) == (2, 2)
+    assert "2 triggered profiles (2 new)" in report.summary_line()
     with open_store(world["db"], read_only=True) as store:
         rows = store.run("SELECT profile_id, reason, pid, stage FROM profiles ORDER BY 1")
         assert rows == [

@@ -110,6 +110,8 @@ def to_dict(outcome: IngestOutcome) -> dict[str, Any]:
         "traces": r.traces,
         "requests_attributed": outcome.requests_attributed,
         "stages_derived": r.stages_derived,
+        "profiles": r.profiles,
+        "profiles_stored": r.profiles_stored,
         "releases": list(r.releases),
         "skipped": r.skipped,
         "seconds": round(r.seconds, 3),

@@ -200,7 +200,7 @@ def _stage_and_store(
             file_names=dict(enumerate(names)),
             file_spans=reader.file_spans,
         )
-        kineto.store_figures(store, reader.kineto, version)
+        kineto.store_figures(store, reader.kineto, version, report)
     finally:
         # A batch still staging on its thread; the error being raised already says
         # what failed.

@@ -444,10 +444,19 @@ def ensure_table(store: Store) -> None:
     store.run(ddl.read_text())
 
 
-def store_figures(store: Store, results: list[KinetoResult], version: str | None) -> int:
+def store_figures(
+    store: Store,
+    results: list[KinetoResult],
+    version: str | None,
+    report: pk.IngestReport | None = None,
+) -> int:
     """Write the GPU figures of ``results`` under run label ``version``, and the captures
-    among them into ``profiles``; figure rows written."""
-    tp.store_profiles(store, [r.profile for r in results if r.profile is not None])
+    among them into ``profiles`` (counted in ``report``); figure rows written."""
+    captures = [r.profile for r in results if r.profile is not None]
+    stored = tp.store_profiles(store, captures)
+    if report is not None:
+        report.profiles += len(captures)
+        report.profiles_stored += stored
     ensure_table(store)
     label = version or ""
     columns = ("run_label", "rank", "step", "world_size", "source", *_FIGURE_COLUMNS)

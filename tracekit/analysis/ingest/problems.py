@@ -96,6 +96,9 @@ class IngestReport:
     trace_ids: list[str] = field(default_factory=list)
     stages_derived: int = 0
     """Request spans given queue/prefill/decode stages from their latency attributes."""
+    profiles: int = 0
+    """Profiles captured on trigger read (docs/profiling.md); ``profiles_stored`` are new."""
+    profiles_stored: int = 0
     every_trace: bool = False
     """The store held no spans before: the touched traces are all of its traces (a
     refresh can then rebuild everything without naming them)."""
@@ -119,6 +122,11 @@ class IngestReport:
             f"({self.spans_stored:,} new) in {self.traces:,} traces; "
             f"releases: {releases}; problems: {problems}"
         )
+        if self.profiles:
+            text += (
+                f"; {self.profiles:,} triggered profile{'s' if self.profiles != 1 else ''}"
+                f" ({self.profiles_stored:,} new)"
+            )
         if self.stages_derived:
             text += f"; stages derived from attributes for {self.stages_derived:,} requests"
         if self.skipped:
