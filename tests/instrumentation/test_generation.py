@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import tracemalloc
+from typing import Any
 
 import httpx
 import pytest
@@ -437,6 +438,17 @@ def _streaming_app(n_tokens: int, most: int) -> FastAPI:
     return tracekit.instrument_fastapi(app)
 
 
+def _wait_for_server_span(spans: Any) -> list[ReadableSpan]:
+    """The finished spans once a SERVER span is among them (bounded: 10 s)."""
+    deadline = time.monotonic() + 10
+    got = spans.all()
+    while not [s for s in got if s.kind is SpanKind.SERVER]:
+        assert time.monotonic() < deadline, "the request never ended"
+        time.sleep(0.01)
+        got = spans.all()
+    return list(got)
+
+
 def _server_span(got: list[ReadableSpan], route: str) -> ReadableSpan:
     (root,) = [s for s in got if s.kind is SpanKind.SERVER and s.attributes[cv.HTTP_ROUTE] == route]
     return root
@@ -449,18 +461,14 @@ def test_a_streaming_endpoint_on_uvicorn_read_with_httpx_and_a_client_hanging_up
             assert r.status_code == 200
             lines = [line for line in r.iter_lines() if line]
         assert lines == [f"tok{i}" for i in range(n_tokens)]
-        whole = spans.all()
+        # The last byte can reach the client before the server ends its span.
+        whole = _wait_for_server_span(spans)
         spans.clear()
         with client.stream("GET", "/endless") as r:
             lines = r.iter_lines()
             assert [next(lines) for _ in range(3)] == ["tok0", "tok1", "tok2"]
         # the server sees the hang-up and cancels the stream; its spans end soon after
-        deadline = time.monotonic() + 5
-        cut = spans.all()
-        while not [s for s in cut if s.kind is SpanKind.SERVER]:
-            assert time.monotonic() < deadline, "the request never ended"
-            time.sleep(0.01)
-            cut = spans.all()
+        cut = _wait_for_server_span(spans)
 
     # the whole stream: the SERVER span carries the attributes and the three stages
     root = _server_span(whole, "/generate")

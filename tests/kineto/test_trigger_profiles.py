@@ -298,15 +298,17 @@ def test_profile_command_signals_a_real_process(tmp_path, capsys):
     )
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert main(["profile", "--pid", str(child.pid), "--steps", "3"]) == 0
         out = capsys.readouterr().out
         assert f"process {child.pid}" in out and "advisory" in out and "tracekit-profiles" in out
-        while not armed.exists() and time.monotonic() < deadline:
+        # The handler creates the file, then writes it: wait for the word, not the file.
+        deadline = time.monotonic() + 10
+        while not (armed.exists() and armed.read_text() == "armed"):
+            assert time.monotonic() < deadline, "the signal was not handled"
             time.sleep(0.01)
-        assert armed.read_text() == "armed"
         assert child.poll() is None  # handled, not killed
     finally:
         child.kill()

@@ -58,11 +58,11 @@ class BatchConfig:
 
 RELEASES: tuple[BatchConfig, ...] = (
     BatchConfig("A", env.BatchKnobs(2, 1.0, 2, 2.0, 1.0), price_per_h=4.00),
-    BatchConfig("B", env.BatchKnobs(16, 20.0, 1, 10.0, 12.0), price_per_h=1.20),
+    BatchConfig("B", env.BatchKnobs(16, 20.0, 1, 10.0, 14.0), price_per_h=1.20),
 )
 """A: small batches on two workers of a fast, dear accelerator — quick, and mostly idle.
-B: big batches on one worker of a slow, cheap one — a full batch of 16 takes 202 ms, so
-above ~79 requests/s (a spike) it cannot keep up. The accelerators are stand-ins (the
+B: big batches on one worker of a slow, cheap one — a full batch of 16 takes 234 ms, so
+above ~68 requests/s (a spike is ~80) it cannot keep up. The accelerators are stand-ins (the
 batch's execution waits fixed + per-request ms with the GIL released, as a host thread
 waits for a GPU); tracekit sees them only as the model executions' wall time."""
 
@@ -78,10 +78,10 @@ SPIKE_FACTOR = 4.0
 """A spike block's rate ÷ the base rate."""
 SPIKES = 2
 """Spike blocks per release; never the first block, so the run starts quiet."""
-SLO = "p95<200ms"
-"""The objective: A meets it everywhere (p95 of tens of ms); B meets it in quiet blocks
-(batches of 2–3 at ~40 ms) and not in the spikes, where its one worker runs full batches
-of 16 at 202 ms each and its queue grows."""
+SLO = "p95<300ms"
+"""The objective: A meets it everywhere (p95 of tens of ms, a few times that on a loaded
+machine); B meets it in quiet blocks (batches of 2–3 at ~45 ms) and not in the spikes,
+where its one worker runs full batches of 16 at 234 ms each and its queue grows."""
 WINDOW_S = BLOCK_S
 
 
