@@ -21,6 +21,7 @@ EXPECTED = [
     "instrument_httpx",
     "instrument_model",
     "model_execution",
+    "profile_next",
     "shutdown",
     "stage",
     "train_steps",

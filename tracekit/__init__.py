@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "instrument_httpx": "tracekit.instrumentation.httpx",
     "instrument_model": "tracekit.instrumentation.torch",
     "model_execution": "tracekit.instrumentation.torch",
+    "profile_next": "tracekit.instrumentation.profiling",
     "shutdown": "tracekit.instrumentation.setup",
     "stage": "tracekit.instrumentation.stages",
     "train_steps": "tracekit.instrumentation.training",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracekit.instrumentation.fastapi import instrument_fastapi as instrument_fastapi
     from tracekit.instrumentation.generation import generation as generation
     from tracekit.instrumentation.httpx import instrument_httpx as instrument_httpx
+    from tracekit.instrumentation.profiling import profile_next as profile_next
     from tracekit.instrumentation.setup import configure as configure
     from tracekit.instrumentation.setup import shutdown as shutdown
     from tracekit.instrumentation.stages import stage as stage

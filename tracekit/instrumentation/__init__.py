@@ -13,4 +13,5 @@ failure is logged once and the request goes on (see :mod:`._guard`).
 - :mod:`.torch`      ``model_execution()`` / ``instrument_model()``: device-timed model spans
 - :mod:`.generation` ``generation()``: queue, prefill and decode of a token-streaming request
 - :mod:`.batching`   ``DynamicBatcher`` and the ``BatchRecorder`` hook API
+- :mod:`.profiling`  ``profile_on`` rules and ``profile_next()``: ``torch.profiler`` on trigger
 """

@@ -96,6 +96,8 @@ class Recorder:
             if self._thread is not None and self._thread.is_alive():
                 return
             self._stop.clear()
+            # A wake left set by the last stop() would make the new thread spin.
+            self._wake.clear()
             self._thread = threading.Thread(
                 target=self._run, name="tracekit-span-builder", daemon=True
             )

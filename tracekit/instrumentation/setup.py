@@ -333,6 +333,8 @@ def configure(
     set_global: bool = True,
     metrics: str | None = None,
     metrics_port: int | None = None,
+    profile_on: Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | None = None,
+    profile_dir: str | os.PathLike[str] | None = None,
 ) -> TracerProvider:
     """Set up tracing for this process; calling it again with the same values does nothing.
 
@@ -348,9 +350,18 @@ def configure(
     in-flight and queue-depth gauges, batch sizes; :mod:`tracekit.instrumentation.metrics`):
     ``"prometheus"`` serves them on 127.0.0.1:``metrics_port``, ``"otlp"`` pushes them
     to the OTLP endpoint.
+
+    ``profile_on`` (else ``TRACEKIT_PROFILE_ON``, JSON) is one rule or a list, e.g.
+    ``{"stage": "model_execute", "above": "p99", "window": "5m"}`` or ``{"stage":
+    "model_execute", "above_ms": 40}``: when the stage ends above it, ``torch.profiler``
+    records its next few executions into ``profile_dir`` (else ``TRACEKIT_PROFILE_DIR``,
+    else ``./tracekit-profiles``); see docs/profiling.md.
     """
     if not 0.0 < sample_ratio <= 1.0:
         raise ConfigError(f"configure(): sample_ratio must be in (0, 1], got {sample_ratio!r}")
+    from tracekit.instrumentation import profiling
+
+    profile = profiling.settings(profile_on, profile_dir)
     metrics = metrics or os.environ.get(ENV_METRICS) or None
     metrics_port = _metrics_port(metrics_port)
     attrs, instance_stated = _resource_attributes(
@@ -375,6 +386,7 @@ def configure(
     )
     with _LOCK:
         if _STATE.key == key and _STATE.provider is not None:
+            profiling.apply(profile, _resource_now)
             return _STATE.provider
         built = [_build(s, path, endpoint, headers) for s in specs]
         if _STATE.provider is not None:
@@ -399,7 +411,13 @@ def configure(
         RECORDER.backlog = _export_backlog
         RECORDER.start()  # builds tracekit's spans into this provider, off the request path
         _install_global(set_global)
+        profiling.apply(profile, _resource_now)
         return provider
+
+
+def _resource_now() -> dict[str, Any]:
+    """The resource attributes in force (a forked worker's own ``service.instance.id``)."""
+    return _STATE.attrs
 
 
 def _metrics_port(port: int | None) -> int:

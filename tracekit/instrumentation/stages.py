@@ -36,6 +36,7 @@ from tracekit.instrumentation import _guard
 from tracekit.instrumentation._otel_internals import SPAN_KEY
 from tracekit.instrumentation._spans import FastSpan, attach_span, current_context, detach
 from tracekit.instrumentation._tracer import FAST_PROVIDER
+from tracekit.instrumentation.profiling import PROFILE_ENTER, PROFILE_EXIT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,6 +56,13 @@ def record_error(span: trace.Span, exc: BaseException) -> None:
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
     span.set_attribute(cv.ERROR_TYPE, type(exc).__qualname__)
+
+
+def _profile(hooks: dict[str, Callable[[trace.Span], None]], name: str, span: trace.Span) -> None:
+    """Run the profiling hook of stage ``name`` (:mod:`.profiling`; it guards itself)."""
+    hook = hooks.get(name)
+    if hook is not None:
+        hook(span)
 
 
 class _Entry:
@@ -126,10 +134,13 @@ class Stage:
     def _start(self) -> tuple[trace.Span, object]:
         try:
             span = _TRACER.start_span(self.name, attributes=self.attributes)
-            return span, attach_span(span)
+            token = attach_span(span)
         except Exception as exc:
             _guard.report("stage start", exc, self.name)
             return _INVALID, None
+        if PROFILE_ENTER:  # a capture is armed (rarely): it may start here
+            _profile(PROFILE_ENTER, self.name, span)
+        return span, token
 
     def _finish(
         self, span: trace.Span, token: object, exc: BaseException | None, cpu_ns: int | None
@@ -145,6 +156,8 @@ class Stage:
             span.end()
         except Exception as err:
             _guard.report("stage end", err, self.name)
+        if PROFILE_EXIT:  # a profile_on rule or a capture watches some stage
+            _profile(PROFILE_EXIT, self.name, span)
 
     # --- with / async with ---------------------------------------------------------
     # The with-form is the hot one, so it is written out rather than shared. A stage
@@ -158,6 +171,8 @@ class Stage:
         except Exception as exc:
             _guard.report("stage start", exc, self.name)
             span, token = _INVALID, None
+        if PROFILE_ENTER:  # before the CPU clock is read: a starting capture is not the stage's
+            _profile(PROFILE_ENTER, self.name, span)
         if type(span) is FastSpan:
             span._owner, span._token, span._tid = self, token, _get_ident()
             span._cpu0 = _thread_time()
@@ -183,6 +198,8 @@ class Stage:
                 span.end()
             except Exception as err:
                 _guard.report("stage end", err, self.name)
+            if PROFILE_EXIT:
+                _profile(PROFILE_EXIT, self.name, span)
             return
         entry = self._pop()
         if entry is None:
