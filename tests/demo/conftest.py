@@ -60,3 +60,22 @@ def assert_all_gone(pids: list[int], timeout_s: float = 5.0) -> None:
             alive = [p for p in pids if pid_alive(p)]
             raise AssertionError(f"processes still running: {alive}")
         time.sleep(0.05)
+
+
+def record_started_pids(mp: pytest.MonkeyPatch) -> list[int]:
+    """Patch :class:`ServiceProcess` (through ``mp``) so every pid it launches is listed in
+    the returned list, started or not."""
+    from tracekit.demo.processes import ServiceProcess
+
+    pids: list[int] = []
+    original = ServiceProcess.start
+
+    def start(self: ServiceProcess, *args: object, **kwargs: object) -> None:
+        try:
+            original(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            if self.pid is not None:
+                pids.append(self.pid)
+
+    mp.setattr(ServiceProcess, "start", start)
+    return pids

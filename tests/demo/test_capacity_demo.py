@@ -22,11 +22,10 @@ from tracekit.analysis.capacity.model import COST_BOUND, LATENCY_BOUND
 from tracekit.demo import capacity
 from tracekit.demo.capacity import RELEASES, burst_plan
 from tracekit.demo.loadgen import Block
-from tracekit.demo.processes import ServiceProcess
 from tracekit.demo.settings import ENV_BATCH, BatchKnobs, parse_batch
 from tracekit.errors import ConfigError
 
-from .conftest import assert_all_gone
+from .conftest import assert_all_gone, record_started_pids
 
 
 def test_burst_plan_spikes_the_same_rounds_for_both_releases() -> None:
@@ -75,19 +74,9 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir = tmp_path_factory.mktemp("capacity") / "out"
-    pids: list[int] = []
-    original = ServiceProcess.start
-
-    def start(self: ServiceProcess, *args: object, **kwargs: object) -> None:
-        try:
-            original(self, *args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            if self.pid is not None:
-                pids.append(self.pid)
-
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ServiceProcess, "start", start)
+        pids = record_started_pids(mp)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(["demo", "--capacity", "--keep", str(workdir)])
     assert code == 0, err.getvalue()[-3000:]

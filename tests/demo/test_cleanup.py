@@ -18,24 +18,13 @@ from tracekit.demo.runner import run_release
 from tracekit.demo.settings import ENV_TRACE_FILE
 from tracekit.errors import TracekitError
 
-from .conftest import assert_all_gone
+from .conftest import assert_all_gone, record_started_pids
 
 
 @pytest.fixture
 def started_pids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every pid a ServiceProcess launches during the test."""
-    pids: list[int] = []
-    original = ServiceProcess.start
-
-    def start(self: ServiceProcess, *args: object, **kwargs: object) -> None:
-        try:
-            original(self, *args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            if self.pid is not None:
-                pids.append(self.pid)
-
-    monkeypatch.setattr(ServiceProcess, "start", start)
-    return pids
+    return record_started_pids(monkeypatch)
 
 
 def test_ctrl_c_during_the_load_stops_both_services(

@@ -31,10 +31,9 @@ from tracekit.demo.llm.client import MAX_TOKENS, PROMPT_CHARS, llm_payload
 from tracekit.demo.llm.engine import Engine
 from tracekit.demo.llm.model import Device, Runner, TinyDecoder, encode
 from tracekit.demo.llm.regressions import LLM_REGRESSIONS, get_llm_regression
-from tracekit.demo.processes import ServiceProcess
 from tracekit.errors import ConfigError
 
-from .conftest import assert_all_gone
+from .conftest import assert_all_gone, record_started_pids
 
 PROMPTS = ["hello world", "a", "the quick brown fox jumps over the lazy dog", "tracekit"]
 
@@ -235,20 +234,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     import time
 
     workdir = tmp_path_factory.mktemp("llm") / "out"
-    pids: list[int] = []
-    original = ServiceProcess.start
-
-    def start(self: ServiceProcess, *args: object, **kwargs: object) -> None:
-        try:
-            original(self, *args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            if self.pid is not None:
-                pids.append(self.pid)
-
     out, err = io.StringIO(), io.StringIO()
     began = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ServiceProcess, "start", start)
+        pids = record_started_pids(mp)
         mp.setattr(demo, "ROUNDS", ROUNDS)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(["demo", "--llm", "--regression", "kv", "--keep", str(workdir)])
