@@ -52,6 +52,14 @@ def check_outputs(outputs: Paths, inputs: Paths | None = None) -> None:
                     + _resolved_note(path, other_path)
                     + f"; writing it would destroy that file: give {option} another path"
                 )
+        # Not one of this command's inputs, but data tracekit reads (another store, a
+        # trace file): an output never replaces it either.
+        held = _data_kind(Path(path))
+        if held is not None:
+            raise ConfigError(
+                f"{option} {path} holds {held}, which tracekit reads and does not write; "
+                f"writing it would destroy that data: give {option} another path"
+            )
 
 
 def write_output(path: str | Path, text: str, *, option: str, inputs: Paths | None = None) -> Path:
@@ -134,6 +142,31 @@ def _check_destination(option: str, path: str | Path) -> None:
         )
     if not parent.is_dir():
         raise ConfigError(f"{option} {path}: {parent} is not a directory; give another path")
+
+
+_SNIFF_BYTES = 4096
+_TRACE_KEYS = (b'"resourceSpans"', b'"traceEvents"', b'"schemaVersion"', b'"traceID"')
+"""Keys at the head of the trace formats tracekit ingests (OTLP, Kineto, Jaeger)."""
+
+
+def _data_kind(path: Path) -> str | None:
+    """What data an existing file at ``path`` holds that no output may replace: a DuckDB
+    store, a compressed file, or a trace or profile (OTLP, Kineto, Jaeger JSON); None for
+    anything else (an earlier report, an empty file, a device, no file)."""
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return None
+    if head[8:12] == b"DUCK":
+        return "a DuckDB database"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip-compressed data"
+    if head.lstrip()[:1] in (b"{", b"[") and any(k in head for k in _TRACE_KEYS):
+        return "traces (JSON)"
+    return None
 
 
 def _within(path: str | Path, directory: str | Path) -> bool:

@@ -1,7 +1,8 @@
 """Outputs never destroy inputs: the store, config files and a kept demo directory.
 
 Every output flag (``report -o``, ``gate --html/--junit/--markdown``, ``slow --html``,
-``autoscale --html``) refuses a path that is the store or another input, in one line and
+``autoscale --html``, ``capacity --html``) refuses a path that is the store or another
+input, or any file holding data tracekit reads (a store, a trace file), in one line and
 exit 2, before the analysis runs; files are replaced atomically. ``demo --keep DIR``
 refuses a directory holding files the demo did not write, before anything starts.
 """
@@ -69,6 +70,7 @@ OUTPUT_FLAGS: list[tuple[str, list[str], str]] = [
     ("gate", RELEASES, "--markdown"),
     ("slow", ["--version", "v2"], "--html"),
     ("autoscale", ["--slo", "p95<50ms"], "--html"),
+    ("capacity", ["--version", "v2", "--slo", "p95<50ms"], "--html"),
 ]
 
 
@@ -88,6 +90,38 @@ def test_an_output_flag_naming_the_store_is_refused_and_the_store_kept(
     line = one_error_line(capsys)
     assert line.count(str(store_copy)) >= 2 and flag in line and "--db" in line
     assert store_copy.read_bytes() == before
+
+
+DATA_FILES: dict[str, bytes] = {
+    "otlp.jsonl": b'{"resourceSpans": [{"scopeSpans": []}]}\n',
+    "kineto.pt.trace.json": b'{"schemaVersion": 1, "traceEvents": []}',
+    "jaeger.json": b'{"data": [{"traceID": "ab", "spans": []}]}',
+    "traces.jsonl.gz": b"\x1f\x8b\x08\x00rest",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_FILES))
+@pytest.mark.parametrize(("command", "args", "flag"), OUTPUT_FLAGS[::2])
+def test_an_output_onto_a_trace_file_or_another_store_is_refused_and_the_file_kept(
+    command: str,
+    args: list[str],
+    flag: str,
+    name: str,
+    db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Not this command's input, but data tracekit reads: an output never replaces it.
+    data = tmp_path / name
+    data.write_bytes(DATA_FILES[name])
+    assert main([command, *args, flag, str(data), "--db", str(db)]) == 2
+    line = one_error_line(capsys)
+    assert str(data) in line and flag in line and "another path" in line
+    assert data.read_bytes() == DATA_FILES[name]
+    other = tmp_path / "other.duckdb"
+    other.write_bytes(db.read_bytes())
+    assert main([command, *args, flag, str(other), "--db", str(db)]) == 2
+    assert "DuckDB" in one_error_line(capsys) and other.read_bytes() == db.read_bytes()
 
 
 def test_report_refuses_a_symlink_to_the_store(
