@@ -46,9 +46,11 @@ class Profiled:
         self.exporter = InMemorySpanExporter()
         self.directory = directory
 
-    def __call__(self, profile_on: Any = None, directory: Path | None = None) -> Profiled:
+    def __call__(
+        self, profile_on: Any = None, directory: Path | None = None, service: str = "prof-svc"
+    ) -> Profiled:
         tracekit.configure(
-            service_name="prof-svc",
+            service_name=service,
             service_version="v7",
             exporter=self.exporter,
             profile_on=profile_on,
@@ -542,3 +544,18 @@ def test_a_capture_on_cuda_records_the_kernels(profiled: Profiled) -> None:
     doc = json.loads(path.read_text())
     assert len(doc[cv.PROFILE_METADATA_KEY]["captured"]) == 2
     assert any(e.get("cat") == "kernel" for e in doc["traceEvents"])
+
+
+def test_a_hostile_service_name_makes_a_short_safe_file_name_and_a_valid_file(
+    profiled: Profiled,
+) -> None:
+    hostile = "../../" + "x/" * 200 + 'say "hi"\\ \t é'
+    profiled({"stage": cv.MODEL_EXECUTE, "above_ms": 0, "steps": 1}, service=hostile)
+    execute()
+    until("armed")
+    execute()
+    assert PROFILER.wait(10)
+    (path,) = profiled.files()  # inside the directory, not above it
+    assert len(path.name.encode()) < 255 and "/" not in path.name
+    # Kineto writes metadata unescaped: a quote or a backslash must not break the file.
+    assert profiled.meta(path)["service"] == "../../" + "x/" * 200 + "say 'hi'/   é"

@@ -92,6 +92,32 @@ _MASK = RING_SIZE - 1
 _NEVER = 1 << 62
 _HOUR_NS = 3600 * 10**9
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_UNESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
+"""What a JSON string must escape: Kineto writes metadata with its backslashes turned
+into slashes, so an escaped quote would end the string and break the whole file."""
+
+
+def kineto_json(value: Any) -> str:
+    """``value`` as JSON that survives Kineto's metadata writer: in every string, quotes
+    become ``'``, backslashes ``/`` and control characters a space (names and labels
+    only; ids, numbers and the rule's fields never hold them)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, str):
+            return _UNESCAPED.sub(lambda m: _SUBSTITUTE.get(m.group(), " "), v)
+        if isinstance(v, dict):
+            return {clean(k): clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), ensure_ascii=False)
+
+
+_SUBSTITUTE = {'"': "'", "\\": "/"}
+_NAME_CHARS = 64
+"""Characters of the service name a file name keeps: a long name must not make the name
+longer than a file system allows (255 bytes), which would drop every capture."""
 
 PROFILE_ENTER: dict[str, Callable[[trace.Span], None]] = {}
 """Stage name → the armed capture's hook, run when such a stage opens (by :mod:`.stages`).
@@ -613,7 +639,7 @@ class _Profiler:
                 "end_ns": cap.end_ns,
             }
             # Kineto takes metadata only while it runs: added after stop() it is lost
-            cap.prof.add_metadata_json(cv.PROFILE_METADATA_KEY, json.dumps(meta))
+            cap.prof.add_metadata_json(cv.PROFILE_METADATA_KEY, kineto_json(meta))
             if cap.cuda:
                 import torch
 
@@ -631,7 +657,8 @@ class _Profiler:
 
     def _write(self, cap: _Capture) -> None:
         name = (
-            f"{cv.PROFILE_FILE_PREFIX}{_SAFE.sub('_', cap.service)}-{cap.pid}-{cap.number}-"
+            f"{cv.PROFILE_FILE_PREFIX}{_SAFE.sub('_', cap.service)[:_NAME_CHARS]}-{cap.pid}-"
+            f"{cap.number}-"
             f"{cap.id}.pt.trace.json"
         )
         path = os.path.join(cap.directory, name)
