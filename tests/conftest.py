@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO.parent / "shared" / "corpus" / "traces"
+CORPUS = REPO / "tests" / "data" / "corpus" / "traces"
 
 
 @pytest.fixture
 def corpus_dir() -> Path:
-    """The shared corpus of real trace files; tests skip when it is absent."""
-    if not CORPUS.is_dir():
-        pytest.skip(f"trace corpus not found at {CORPUS}")
+    """The corpus of real trace files kept in the repository (tests/data/corpus/traces)."""
     return CORPUS
 
 

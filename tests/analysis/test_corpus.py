@@ -1,4 +1,4 @@
-"""Every real trace file in ../shared/corpus/traces ingests, with its oddities counted.
+"""Every real trace file in tests/data/corpus/traces ingests, with its oddities counted.
 
 Expected span/trace counts and oddities are those the corpus README lists per file;
 the two HotROD captures also carry manifests whose expected answers are checked.

@@ -27,7 +27,7 @@ from tracekit.testing import TraceBuilder
 SEEDS = range(int(os.environ.get("TK_FUZZ_SEEDS", "8")))
 """More with ``TK_FUZZ_SEEDS=200 TK_FUZZ_BUDGET_S=600`` (a longer hunt, same cases)."""
 BUDGET_S = float(os.environ.get("TK_FUZZ_BUDGET_S", "15"))
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "traces"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "traces"
 DEEP = "__TK_DEEP__"
 CORPUS_FILES = (
     "otlp/jaegerui_nodejs_collector_fileexporter_4lines.jsonl",
@@ -149,14 +149,11 @@ def clock() -> list[float]:
     return [time.perf_counter()]
 
 
-def _cases(corpus: Path | None) -> list[tuple[str, list[str], bool]]:
-    """(name, documents, lines?) for the built file and each corpus file found."""
+def _cases(corpus: Path) -> list[tuple[str, list[str], bool]]:
+    """(name, documents, lines?) for the built file and each corpus file."""
     out = [("built.jsonl", built_lines(), True)]
-    for name in CORPUS_FILES if corpus is not None else ():
-        path = corpus / name
-        if not path.exists():
-            continue
-        text = path.read_text()
+    for name in CORPUS_FILES:
+        text = (corpus / name).read_text()
         if name.endswith(".jsonl"):
             out.append((name, [ln for ln in text.splitlines() if ln.strip()], True))
         else:
@@ -171,7 +168,7 @@ def test_no_exception_escapes_ingest_and_untouched_lines_survive(
     if time.perf_counter() - clock[0] > BUDGET_S:
         pytest.skip("fuzz time budget spent")
     rng = random.Random(seed)
-    corpus = CORPUS if CORPUS.is_dir() else None
+    corpus = CORPUS
     for name, docs, lines in _cases(corpus):
         donors = [s for d in docs for s in _spans(json.loads(d))]
         hit = set(rng.sample(range(len(docs)), k=max(1, len(docs) // 3))) if lines else {0}

@@ -1,4 +1,4 @@
-"""Every real profiler file of the shared corpus ingests, with what its README says."""
+"""Every real profiler file of the corpus (tests/data/corpus/kineto) ingests, with what its README says."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tracekit.analysis.store import open_store
 from tracekit.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-KINETO = REPO.parent / "shared" / "corpus" / "kineto"
+KINETO = REPO / "tests" / "data" / "corpus" / "kineto"
 
 # file: (rank, world, ProfilerStep numbers, collectives launched inside a step)
 EXPECTED = {
@@ -28,8 +28,6 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def corpus_store(tmp_path_factory: pytest.TempPathFactory):
-    if not KINETO.is_dir():
-        pytest.skip(f"kineto corpus not found at {KINETO}")
     db = tmp_path_factory.mktemp("kineto") / "corpus.duckdb"
     reports = {}
     with open_store(db) as store:
@@ -111,8 +109,6 @@ def test_nccl_collectives_carry_op_bytes_and_group_from_record_param_comms(corpu
 
 
 def test_whole_corpus_directory_through_the_cli(tmp_path, capsys):
-    if not KINETO.is_dir():
-        pytest.skip(f"kineto corpus not found at {KINETO}")
     # Several files are rank 0 of different jobs: one run label takes the first only.
     code = main(["ingest", str(KINETO), "--db", str(tmp_path / "s.duckdb"), "--version", "x"])
     err = capsys.readouterr().err

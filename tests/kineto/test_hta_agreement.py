@@ -24,7 +24,7 @@ from tracekit.analysis.training.gpu import rank_gpu_breakdown
 
 hta_analysis = pytest.importorskip("hta.trace_analysis")
 
-KINETO = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "kineto"
+KINETO = Path(__file__).resolve().parents[1] / "data" / "corpus" / "kineto"
 DATA = Path(__file__).resolve().parent / "data"
 HTA_RUNS_ON = [
     KINETO / "hta_nccl_parser_config_nccl_data.json.gz",
@@ -57,8 +57,6 @@ def _hta(folder: Path) -> tuple[dict[str, float], float | None]:
 @pytest.mark.parametrize("rounding", ["hta_default", "no_ns_rounding"])
 @pytest.mark.parametrize("path", HTA_RUNS_ON, ids=lambda p: p.name)
 def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, monkeypatch, path, rounding):
-    if not path.exists():
-        pytest.skip(f"kineto corpus not found at {path.parent}")
     name = path.name
     folder = tmp_path / "trace"
     folder.mkdir()

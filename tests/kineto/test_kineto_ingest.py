@@ -247,7 +247,7 @@ def test_timeline_idle_split_host_wait_kernel_wait_other():
 
 # --- what collectives carry for bandwidth ----------------------------------------------
 
-KINETO = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "kineto"
+KINETO = Path(__file__).resolve().parents[1] / "data" / "corpus" / "kineto"
 PG_CONFIG = [
     {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": 8,
      "ranks": list(range(8))},
@@ -303,8 +303,6 @@ def test_collectives_carry_nccl_tests_bytes_group_size_and_description(tmp_path)
 
 
 def test_corpus_collectives_carry_what_their_record_param_comms_hold():
-    if not KINETO.is_dir():
-        pytest.skip(f"kineto corpus not found at {KINETO}")
     # nccl_parser_config: In = Out msg nelems everywhere; Float 4 B, Long 8 B; Group size
     # 2 and Process Group Description default_pg on every NCCL kernel.
     # ns_resolution: host collectives (world of 1), their record_param_comms inside the
