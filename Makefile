@@ -7,14 +7,20 @@ STAMP := $(VENV)/.installed
 .PHONY: venv test demo lint bench clean browser node-deps
 CHROMIUM := /usr/bin/chromium
 
+# torch first and pinned: 2.13.0 is the CPU wheel on this project's machines; an unpinned
+# torch would pull the multi-GB CUDA build. Elsewhere, install it from PyTorch's CPU index
+# into .venv first (README, Set-up); pip then keeps it.
 $(STAMP): pyproject.toml
+	@echo "make: setting up $(VENV) once (a few minutes; later runs reuse it)"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: 2.13.0 is the CPU wheel on local disk; an unpinned
-	# torch would pull the multi-GB CUDA build.
-	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	@echo "make: [1/3] pip itself"
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@echo "make: [2/3] PyTorch 2.13.0, CPU build (about 750 MB installed)"
+	@$(BIN)/python -m pip install -q "torch==2.13.0"
+	@echo "make: [3/3] tracekit and its analysis, demo and test dependencies (about 1.5 GB installed)"
+	@$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
+	@echo "make: $(VENV) ready"
 
 venv: $(STAMP)
 

@@ -70,3 +70,22 @@ def test_every_docs_page_is_in_the_index_and_design_is_in_the_repository() -> No
         if re.search(r"(?<![\w/])DESIGN\.md", p.read_text(encoding="utf-8"))
     ]
     assert not stale, f"cite docs/design.md, not DESIGN.md: {stale}"
+
+
+def test_every_install_line_names_our_distribution_not_the_index_namesake() -> None:
+    # "tracekit" in the public index is an unrelated project: an install line that names
+    # it fetches someone else's code. Ours is tracekit-ml (pyproject), or a local path.
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["name"] == "tracekit-ml"
+    extras = [r for reqs in project["optional-dependencies"].values() for r in reqs]
+    assert not [r for r in extras if re.match(r"tracekit\[", r)], "self-extras name tracekit"
+    files = [README, REPO / "CONTRIBUTING.md", REPO / "Dockerfile", *(REPO / "docs").glob("*.md")]
+    files += list((REPO / "deploy").rglob("*.yaml"))
+    wrong = [
+        f"{p.relative_to(REPO)}: {m.group(0)}"
+        for p in files
+        for m in re.finditer(r"pip install [^\n`]*?['\"]?tracekit\[[^\n`]*", p.read_text("utf-8"))
+    ]
+    assert not wrong, wrong

@@ -135,6 +135,10 @@ def test_a_frozen_service_dies_with_the_process_that_started_it(tmp_path: Path) 
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
+        # SIGSTOP lands asynchronously: wait for the state, never read it once.
+        deadline = time.monotonic() + 10
+        while _state(child) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert _state(child) == "T"  # stopped, and alive
     finally:
         parent.kill()
