@@ -75,6 +75,36 @@ def test_strict_and_missing_paths_are_one_line_errors(tmp_path: Path, capsys) ->
     assert "--service" in capsys.readouterr().err
 
 
+def test_a_failed_ingest_into_a_new_path_leaves_no_store_behind(tmp_path: Path, capsys) -> None:
+    db = tmp_path / "new.duckdb"
+    # A missing input, a file of nothing but bad lines, and --strict: no file appears.
+    assert main(["ingest", str(tmp_path / "nope.jsonl"), "--db", str(db)]) == 2
+    assert not db.exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{truncated\n")
+    assert main(["ingest", str(bad), "--db", str(db)]) == 2
+    assert not db.exists() and not (tmp_path / "new.duckdb.wal").exists()
+    assert f"store: {db} not created" in capsys.readouterr().out
+    assert main(["ingest", str(bad), "--db", str(db), "--format", "json"]) == 2
+    assert json.loads(capsys.readouterr().out)["store_created"] is False
+    assert main(["ingest", str(bad), "--strict", "--db", str(db)]) == 2
+    assert not db.exists()
+    # An existing store is never removed, whatever the input: it holds earlier data.
+    good = tmp_path / "good.jsonl"
+    good.write_text(_otlp_line("a" * 32, "1" * 16) + "\n")
+    assert main(["ingest", str(good), "--db", str(db)]) == 0
+    assert main(["ingest", str(bad), "--db", str(db)]) == 2
+    assert db.exists()
+    with duckdb.connect(str(db)) as con:
+        assert con.execute("SELECT count(*) FROM spans").fetchone() == (1,)
+    # Some good lines beside bad ones: a new store is kept with what could be stored.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(_otlp_line("b" * 32, "2" * 16) + "\n{truncated\n")
+    other = tmp_path / "other.duckdb"
+    assert main(["ingest", str(mixed), "--db", str(other)]) == 2
+    assert other.exists()
+
+
 def test_warnings_do_not_fail_the_ingest(tmp_path: Path, capsys) -> None:
     path = tmp_path / "orphan.jsonl"
     path.write_text(_otlp_line("a" * 32, "1" * 16, parent="9" * 16) + "\n")

@@ -16,7 +16,7 @@ from tracekit.analysis.attribution import per_request
 from tracekit.analysis.ingest import IngestReport, ingest_jaeger, ingest_paths
 from tracekit.analysis.ingest.jaeger_api import DEFAULT_LIMIT
 from tracekit.analysis.store import open_store
-from tracekit.analysis.store.url import DEFAULT_TABLE, parse_store_url
+from tracekit.analysis.store.url import DEFAULT_TABLE, StoreURL, parse_store_url
 from tracekit.errors import ConfigError
 
 JAEGER_LIMIT = DEFAULT_LIMIT
@@ -41,6 +41,9 @@ class IngestOutcome:
     already_present: int | None = None
     created_table: bool = False
     notes: list[str] = field(default_factory=list)
+    store_discarded: bool = False
+    """The DuckDB file this ingest would have created was removed: the input failed and
+    nothing was stored."""
     exit_code: int | None = None
     """The process exit code of ``tracekit ingest``: set by the CLI, which owns exit
     codes (None from the library)."""
@@ -87,6 +90,49 @@ def ingest(
         raise ConfigError("--jaeger needs --service NAME (the service whose traces to pull)")
     if not jaeger and not paths:
         raise ConfigError("give trace files or directories, or --jaeger URL --service NAME")
+    new_file = None if target.is_clickhouse else Path(target.path)
+    if new_file is not None and (str(new_file) == ":memory:" or new_file.exists()):
+        new_file = None
+    try:
+        outcome = _ingest_into(
+            target, store, paths, version, strict, comm_pattern, jaeger, service, since,
+            limit, progress, jobs,
+        )  # fmt: skip
+    except BaseException:
+        _discard(new_file)
+        raise
+    if new_file is not None and outcome.report.skipped and not _stored_anything(outcome.report):
+        _discard(new_file)  # a failed ingest into a new path leaves no empty store behind
+        outcome.store_discarded = True
+    return outcome
+
+
+def _stored_anything(report: IngestReport) -> bool:
+    return bool(report.spans_stored or report.profiles_stored)
+
+
+def _discard(path: Path | None) -> None:
+    """Remove a store file this call created (and DuckDB's write-ahead log beside it)."""
+    if path is None:
+        return
+    for p in (path, path.with_name(path.name + ".wal")):
+        p.unlink(missing_ok=True)
+
+
+def _ingest_into(
+    target: StoreURL,
+    store: str | Path,
+    paths: Sequence[str | Path],
+    version: str | None,
+    strict: bool,
+    comm_pattern: str | None,
+    jaeger: str | None,
+    service: str | None,
+    since: str,
+    limit: int,
+    progress: Callable[[int, int], None] | Callable[[int, int, str], None] | None,
+    jobs: int | None,
+) -> IngestOutcome:
     written = None
     # A ClickHouse store is written through an in-memory staging store: the same readers
     # and problem log, then the spans go to the exporter's table (docs/clickhouse.md).

@@ -67,11 +67,16 @@ def render_table(outcome: IngestOutcome) -> str:
     """The lines for stdout: how the pull stopped, the summary, where the spans went."""
     r = outcome.report
     lines = [r.stopped] if r.stopped else []
+    # the time last, as its own clause: after "problems: none" a bracket reads as the
+    # problems' duration
+    n = outcome.requests_attributed
     lines.append(
-        f"{r.summary_line()} ({r.seconds:.2f} s); "
-        f"{outcome.requests_attributed:,} requests attributed"
+        f"{r.summary_line()}; {n:,} request{'' if n == 1 else 's'} attributed; "
+        f"took {r.seconds:.2f} s"
     )
-    if outcome.written is None:
+    if outcome.store_discarded:
+        lines.append(f"store: {outcome.store} not created (nothing could be stored)")
+    elif outcome.written is None:
         lines.append(f"store: {outcome.store}")
     else:
         created = ", table created with the exporter's DDL" if outcome.created_table else ""
@@ -123,6 +128,7 @@ def to_dict(outcome: IngestOutcome) -> dict[str, Any]:
         "warnings": [line for line in problem_lines(outcome) if line.startswith("warning: ")],
         "stopped": r.stopped or None,
         "store": outcome.store,
+        "store_created": not outcome.store_discarded,
         "written": outcome.written,
         "already_present": outcome.already_present,
         "exit_code": outcome.exit_code,
