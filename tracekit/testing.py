@@ -176,12 +176,14 @@ class RequestBuilder:
         version: str | None = None,
         attributes: Mapping[str, AttrValue] | None = None,
         error: bool = False,
+        host: str | None = None,
     ) -> SpanRef:
         """A plain span under ``parent`` (default: the request span).
 
         ``parent`` may be a span id string naming a span that does not exist (an orphan).
         ``service`` puts the span under another service's resource (``version`` is then
-        that service's own, absent by default). ``start_ms=None`` builds a span without
+        that service's own, absent by default); ``host`` runs that service on another
+        host (default: the builder's). ``start_ms=None`` builds a span without
         timestamps, as some broken exporters send.
         """
         if isinstance(parent, str):
@@ -197,7 +199,9 @@ class RequestBuilder:
             start_ns = self.start_ns + _ms_to_ns(start_ms)
             end_ns = start_ns + _ms_to_ns(duration_ms)
         resource = (
-            self.root.resource if service is None else self.builder.resource(service, version)
+            self.root.resource
+            if service is None and host is None
+            else self.builder.resource(service, version, host=host)
         )
         ref = SpanRef(
             trace_id=self.trace_id,
@@ -288,14 +292,20 @@ class TraceBuilder:
         service: str | None = None,
         version: str | None = None,
         instance_id: str | None = None,
+        *,
+        host: str | None = None,
     ) -> _Resource:
-        """The (shared) resource of ``service``; the builder's own when ``service`` is None."""
+        """The (shared) resource of ``service``; the builder's own when ``service`` is None.
+
+        ``host``: the service on another host than the builder's.
+        """
+        on = host or self.host
         if service is None or service == self.service:
             res = _Resource(
-                self.service, version or self.version, instance_id or self.instance_id, self.host
+                self.service, version or self.version, instance_id or self.instance_id, on
             )
         else:
-            res = _Resource(service, version, instance_id or f"{service}-0", self.host)
+            res = _Resource(service, version, instance_id or f"{service}-0", on)
         return self._resources.setdefault(res.key(), res)
 
     # --- building --------------------------------------------------------------------

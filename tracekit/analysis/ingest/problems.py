@@ -29,7 +29,11 @@ ORPHAN = "orphan"
 DUPLICATE = "duplicate"
 """The same (trace_id, span_id) twice in the input; the first is kept."""
 SKEW = "skew"
-"""A child that starts before or ends after its parent (clock skew between hosts)."""
+"""A child that starts before or ends after its parent, the two on different hosts
+(clock skew between hosts; :mod:`.skew` says how hosts are told apart)."""
+OVERRUN = "overrun"
+"""A child outside its parent by more than :data:`.skew.TOLERANCE_NS` on the same host: not
+skew (one clock) but, mostly, a server span outliving its client call."""
 NEGATIVE_DURATION = "negative_duration"
 """End before start; stored with end = start."""
 NO_TIMESTAMPS = "no_timestamps"

@@ -6,7 +6,8 @@ as numpy columns (``executemany`` would be a hundred times slower). Once the who
 input is read, :func:`finalize` keeps the first of any duplicate keys, inserts the keys
 ``spans`` does not hold yet (so re-ingesting stores nothing), derives the stages of LLM
 request spans from their latency attributes (:mod:`.genai`) and finds, in SQL, the
-problems that need the whole input: orphans and children that overflow their parent.
+problems that need the whole input: orphans and children that overflow their parent
+(:mod:`.skew` says when that is clock skew).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from tracekit.analysis.ingest import cycles, genai
+from tracekit.analysis.ingest import cycles, genai, skew
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
 from tracekit.analysis.ingest.rows import STAGE_COLUMNS
@@ -130,25 +131,7 @@ def finalize(
             log.add(
                 source, f"span {span_id}: parent {parent} is not in trace {trace_id}", pk.ORPHAN
             )
-    cur = con.execute(sql("skew"))
-    while batch := cur.fetchmany(10_000):
-        for source, _trace_id, span_id, parent, early, late, file_no in batch:
-            per_file[file_no] = per_file.get(file_no, 0) + 1
-            what = []
-            if early:
-                what.append(f"starts {early / 1e6:.3f} ms before")
-            if late:
-                what.append(f"ends {late / 1e6:.3f} ms after")
-            # Ending late under a client span is usually not skew: the server stops its
-            # clock after sending the response, the client when it arrives.
-            why = "clock skew between hosts, or a server span outliving its client call"
-            if early:
-                why = "clock skew between hosts?"
-            log.add(
-                source,
-                f"span {span_id} {' and '.join(what)} its parent {parent} ({why}); clipped",
-                pk.SKEW,
-            )
+    skew.check(store, sql("skew"), log, per_file)
 
     report.trace_ids = [r[0] for r in run(store, sql("trace_ids"))]
     report.traces = len(report.trace_ids)

@@ -79,12 +79,37 @@ WHERE s.parent_span_id IS NOT NULL
 ORDER BY s.file_no, s.lineno, s.seq
 
 -- name: skew
-SELECT c.source, c.trace_id, c.span_id, p.span_id,
-       greatest(p.start_ns - c.start_ns, 0), greatest(c.end_ns - p.end_ns, 0), c.file_no
-FROM _tk_stage c
-JOIN spans p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
-WHERE c.start_ns < p.start_ns OR c.end_ns > p.end_ns
-ORDER BY c.file_no, c.lineno, c.seq
+-- Children outside their parent's span, per (across hosts?, input file): how many, and
+-- the one that overlaps most (first in input order on a tie). On one host, overlaps up
+-- to $tolerance_ns are left out. Hosts compare by the most precise attribute both spans
+-- carry: host.name, else service.instance.id, else service.name
+-- (tracekit.analysis.ingest.skew owns this definition).
+WITH o AS (
+    SELECT c.source, c.trace_id, c.span_id, p.span_id AS parent_id,
+           c.service_name AS service, p.service_name AS parent_service,
+           coalesce(c.host_name, c.instance_id, c.service_name) AS host,
+           coalesce(p.host_name, p.instance_id, p.service_name) AS parent_host,
+           CASE WHEN c.host_name IS NOT NULL AND p.host_name IS NOT NULL
+                    THEN c.host_name <> p.host_name
+                WHEN c.instance_id IS NOT NULL AND p.instance_id IS NOT NULL
+                    THEN c.instance_id <> p.instance_id
+                ELSE c.service_name IS DISTINCT FROM p.service_name END AS cross_host,
+           greatest(p.start_ns - c.start_ns, 0) AS early,
+           greatest(c.end_ns - p.end_ns, 0) AS late,
+           c.file_no, c.lineno, c.seq
+    FROM _tk_stage c
+    JOIN spans p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
+    WHERE c.start_ns < p.start_ns OR c.end_ns > p.end_ns
+)
+SELECT cross_host, file_no, count(*),
+       first({'source': source, 'trace_id': trace_id, 'span_id': span_id,
+              'parent_id': parent_id, 'service': service, 'parent_service': parent_service,
+              'host': host, 'parent_host': parent_host, 'early': early, 'late': late}
+             ORDER BY greatest(early, late) DESC, lineno, seq)
+FROM o
+WHERE cross_host OR greatest(early, late) > $tolerance_ns
+GROUP BY cross_host, file_no
+ORDER BY cross_host, file_no
 
 -- name: trace_ids
 SELECT DISTINCT trace_id FROM _tk_stage ORDER BY trace_id
