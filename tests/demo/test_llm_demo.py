@@ -196,22 +196,39 @@ def test_llm_regressions_belong_to_llm_mode_only(capsys: pytest.CaptureFixture[s
         assert "--llm runs alone" in err and err.count("\n") == 1
 
 
-def test_the_verdict_line_judges_the_regressions_own_metric() -> None:
+def test_the_result_judges_the_diff_of_the_regressions_own_metric() -> None:
     kv = get_llm_regression("kv")
     named = [
         demo.Named("e2e", cv.QUEUE, cv.WAIT),
         demo.Named("ttft", cv.QUEUE, cv.WAIT),
         demo.Named("tpot", "", "none"),
     ]
-    line = demo.verdict_line(kv, named, 21.4)
-    assert line == (
-        "injected: kv → expected queue (wait) in ttft; tracekit named queue (wait) in e2e, "
-        "queue (wait) in ttft, none in tpot (found, 21 s)"
+    assert demo.judge(kv, named) == (
+        "queue (wait) in ttft",
+        True,
+        "also: queue (wait) in e2e, none in tpot",
     )
-    # Without the metric diffs (Analysis.diff without metric=) the e2e one is judged.
-    assert "(found" in demo.verdict_line(kv, named[:1], 1.0)
-    assert "no ttft/tpot diff" in demo.verdict_line(kv, named[:1], 1.0)
-    assert "MISSED" in demo.verdict_line(get_llm_regression("decode"), named, 1.0)
+    # decode is judged on tpot, which named nothing: a miss, whatever e2e said
+    assert demo.judge(get_llm_regression("decode"), named)[:2] == ("none in tpot", False)
+    # a failed diff of the regression's own metric is a miss, never the e2e one instead
+    found, ok, _ = demo.judge(kv, named[:1])
+    assert not ok and found == "nothing (the ttft diff failed)"
+
+
+def test_the_result_lines_are_the_serving_demos(capsys: pytest.CaptureFixture[str]) -> None:
+    kv = get_llm_regression("kv")
+    demo.print_verdict(kv, [demo.Named("ttft", cv.QUEUE, cv.WAIT)])
+    out = capsys.readouterr().out
+    assert "result" in out.splitlines()[0]
+    text = " ".join(out.split()[out.split().index("result") + 2 :])  # as one line, unwrapped
+    assert text == (
+        f"injected in v2: kv — {kv.description} expected: queue (wait) in ttft "
+        "tracekit diff found: queue (wait) in ttft ✓"
+    )
+    demo.print_verdict(kv, [demo.Named("ttft", cv.DECODE, cv.COMPUTE)])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "tracekit diff found: decode (compute) in ttft ✗"
+    )
 
 
 # --- one real run ----------------------------------------------------------------------
@@ -294,9 +311,13 @@ def test_a_smaller_kv_cache_is_named_a_queue_wait(run: Run) -> None:
         e2e = analysis.diff("v1", "v2")
         assert isinstance(e2e, DiffResult)
         assert (e2e.verdict.primary_stage, e2e.verdict.kind) == (cv.QUEUE, cv.WAIT), run.out
-        if demo.diff_takes_metric():
-            ttft = analysis.diff("v1", "v2", metric="ttft")
-            assert isinstance(ttft, DiffResult)
-            assert ttft.verdict.primary_stage == cv.QUEUE, run.out
-    line = next(ln for ln in run.out.splitlines() if ln.startswith("injected: kv"))
-    assert "(found" in line, run.out
+        ttft = analysis.diff("v1", "v2", metric="ttft")
+        assert isinstance(ttft, DiffResult)
+        assert ttft.verdict.primary_stage == cv.QUEUE, run.out
+    lines = run.out.splitlines()
+    assert any(ln.startswith("injected in v2: kv — ") for ln in lines), run.out
+    assert "expected: queue (wait) in ttft" in lines, run.out
+    found = next(ln for ln in lines if ln.startswith("tracekit diff found: "))
+    assert found.startswith("tracekit diff found: queue (wait) in ttft ✓"), run.out
+    # the e2e verdict is a sentence that names the engine's queue, not a bare stage name
+    assert "the issue is requests waiting in the engine's queue." in run.out, run.out

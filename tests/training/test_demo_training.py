@@ -14,6 +14,10 @@ def test_the_training_demo_names_the_injected_straggler(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "$ tracekit steps" in out and "$ tracekit diff --before 1rank --after 2rank" in out
-    assert "run 2rank: 2 ranks" in out
+    assert "run 2rank: 2 ranks," in out and "run 1rank: 1 rank," in out
+    assert "training diff 1rank (1 rank) → 2rank (2 ranks)" in out
     assert "verdict: straggler" in out and "rank 1 on " in out
-    assert "tracekit named straggler (found" in out
+    lines = out.splitlines()
+    assert any(ln.startswith("injected in 2rank: straggler — ") for ln in lines), out
+    assert "expected: straggler" in lines, out
+    assert "tracekit diff found: straggler (rank 1) ✓" in lines, out

@@ -12,7 +12,7 @@ from tracekit.analysis.training.diff import diff_runs
 from tracekit.analysis.training.gate import gate_runs
 from tracekit.analysis.training.model import IMBALANCE, PEER_WAIT, TRANSFER
 from tracekit.analysis.training.steps import load_run, steps_report
-from tracekit.render.training import DIFF_RENDERERS, STEPS_RENDERERS
+from tracekit.render.training import DIFF_RENDERERS, GATE_RENDERERS, STEPS_RENDERERS
 from tracekit.testing import TraceBuilder, training_run
 
 
@@ -232,3 +232,79 @@ def test_a_link_rate_is_gigabits_and_gigabytes_are_refused():
     for bad in ("50GB/s", "50 GBps", "fast", "0", "-1", "nan"):
         with pytest.raises(ConfigError):
             parse_link_gbps(bad)
+
+
+def _one_and_two_ranks(tmp_path, **after):
+    b = TraceBuilder(service="trainer", version="1rank", seed=1)
+    training_run(b, world_size=1, steps=12, version="1rank")
+    training_run(b, world_size=2, steps=12, version="2rank", **after)
+    store = open_store(tmp_path / "t.duckdb")
+    b.load(store)
+    return store
+
+
+def test_the_gate_reads_a_relative_samples_budget_as_the_efficiency_it_is(tmp_path):
+    with _one_and_two_ranks(tmp_path, transfer_ms=40.0) as store:
+        g = gate_runs(store, "1rank", "2rank", ["samples_per_s>=-10%", "efficiency>=0.8"])
+        before, after = load_run(store, "1rank"), load_run(store, "2rank")
+        d = diff_runs(store, "1rank", "2rank")
+    text = GATE_RENDERERS["table"](g)
+    relative, absolute = g.checks
+    assert relative.result == "fail" and g.result == "fail"
+    # -10% against ideal scaling is 90% efficiency: observed and budget in that one unit
+    efficiency = f"{1 + relative.observed:.1%} of ideal"
+    assert efficiency == f"{d.scaling.efficiency:.1%} of ideal"
+    assert relative.words.observed == efficiency and relative.words.limit == "≥ 90% of ideal"
+    assert absolute.words.observed == efficiency and absolute.words.limit == "≥ 80% of ideal"
+    # samples/s as measured, before → after, beside it (it rose: two ranks do more)
+    measured = f"samples/s {before.samples_per_s:,.1f} → {after.samples_per_s:,.1f}"
+    assert after.samples_per_s > before.samples_per_s
+    assert f"samples_per_s>=-10%: fail — scaling efficiency {efficiency} (95% interval " in text
+    assert f"budget ≥ 90% of ideal); {measured} as measured" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("samples_per_s>=-10%  fail"))
+    assert row.split()[2:] == [
+        "scaling",
+        "efficiency",
+        *efficiency.split(),
+        *(relative.words.interval.split()),
+        "≥",
+        "90%",
+        "of",
+        "ideal",
+        *measured.split(),
+    ]
+    assert "-0." not in text  # no bare fraction beside a percent budget
+
+
+def test_step_budgets_say_their_unit_and_the_run_they_are_against(tmp_path):
+    with _one_and_two_ranks(tmp_path, transfer_ms=40.0) as store:
+        g = gate_runs(store, "1rank", "2rank", ["step_ms.p95<=+10%", "step_ms.p50<=120ms"])
+    relative, absolute = g.checks
+    assert relative.words.observed == f"{relative.observed:+.1%} against 1rank"
+    assert relative.words.limit == "≤ +10%"
+    assert absolute.words.observed == f"{absolute.observed:,.1f} ms"
+    assert absolute.words.limit == "≤ 120 ms"
+    assert absolute.words.measured.startswith("step p50 ") and absolute.words.measured.endswith(
+        " ms"
+    )
+
+
+def test_one_rank_is_one_rank(tmp_path):
+    with _one_and_two_ranks(tmp_path, transfer_ms=40.0) as store:
+        steps = STEPS_RENDERERS["table"](steps_report(store))
+        d = diff_runs(store, "1rank", "2rank")
+    diff = DIFF_RENDERERS["table"](d)
+    assert "run 1rank: 1 rank, " in steps and "run 2rank: 2 ranks, " in steps
+    assert diff.startswith("training diff 1rank (1 rank) → 2rank (2 ranks)\n")
+    assert d.verdict.summary.startswith("1rank (1 rank) → 2rank (2 ranks): ")
+    # the verdict's second sentence starts with a capital
+    assert ". Communication accounts for " in d.verdict.summary
+    assert "1 ranks" not in steps + diff
+
+
+def test_bandwidth_headers_name_no_unit_the_figures_do_not_have(tmp_path):
+    with _one_and_two_ranks(tmp_path, transfer_ms=40.0) as store:
+        steps = STEPS_RENDERERS["table"](steps_report(store))
+    head = next(ln for ln in steps.splitlines() if ln.startswith("collectives ("))
+    assert "in GB/s" not in head and "1 GB/s = 10⁹ bytes/s" in head
+    assert all(line == line.rstrip() for line in steps.splitlines())

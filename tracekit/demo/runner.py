@@ -404,10 +404,8 @@ def report(
             step(
                 "report", lambda: write_report(analysis, html, gate, slo=objective, window_s=window)
             )
-    _heading("result")
     stage, kind = diff.verdict.primary_stage, diff.verdict.kind
     gate_word = "error" if gate is None else str(gate.result)
-    found = kind if kind == "none" else f"{stage} ({kind})"
     expected = (
         "none"
         if not regression.expected_stages
@@ -416,12 +414,44 @@ def report(
     matched = kind == regression.expected_kind and (
         not regression.expected_stages or stage in regression.expected_stages
     )
+    print_result(
+        target=AFTER,
+        injected=regression.name,
+        description=regression.description,
+        expected=expected,
+        found=kind if kind == "none" else f"{stage} ({kind})",
+        ok=matched,
+        tail=f"gate: {gate_word}",
+    )
+
+
+def print_result(
+    *,
+    target: str,
+    injected: str,
+    description: str,
+    expected: str,
+    found: str,
+    ok: bool,
+    command: str = "diff",
+    tail: str = "",
+) -> None:
+    """Every demo's closing lines: what it injected, what it expected, what tracekit found.
+
+    ``injected in v2: batch — …`` / ``expected: batch_queue (wait)`` / ``tracekit diff
+    found: batch_queue (wait) ✓   gate: fail`` under a ``result`` rule, ✗ where it missed;
+    ``tail`` follows the mark. The texts are plain (escaped here, never markup).
+    """
+    from rich.markup import escape
+
+    _heading("result")
     out = Console(file=sys.stdout, highlight=False)
-    out.print(f"injected in v2: [bold]{regression.name}[/] — {regression.description}")
-    out.print(f"expected: {expected}")
+    out.print(f"injected in {escape(target)}: [bold]{escape(injected)}[/] — {escape(description)}")
+    out.print(f"expected: {escape(expected)}")
+    mark = "[green]✓[/]" if ok else "[red]✗[/]"
     out.print(
-        f"tracekit diff found: [bold]{found}[/] {'[green]✓[/]' if matched else '[red]✗[/]'}"
-        f"   gate: [bold]{gate_word}[/]"
+        f"tracekit {escape(command)} found: [bold]{escape(found)}[/] {mark}"
+        + (f"   {escape(tail)}" if tail else "")
     )
     sys.stdout.flush()
 

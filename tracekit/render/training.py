@@ -12,7 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from tracekit.analysis.training.gate import TrainingGateResult
-from tracekit.analysis.training.model import RankRow, RunSteps, StepsResult, TrainingDiff, gb_s
+from tracekit.analysis.training.model import (
+    RankRow,
+    RunSteps,
+    StepsResult,
+    TrainingDiff,
+    gb_s,
+    rank_count,
+)
 from tracekit.render.common import _jsonable, markdown_table, ms, pct
 from tracekit.render.text import printable
 
@@ -46,7 +53,7 @@ def steps_json(result: StepsResult) -> str:
 
 def _run_lines(run: RunSteps, md: bool) -> list[str]:
     head = (
-        f"run {run.label}: {run.world_size} ranks, {run.steps} steps"
+        f"run {run.label}: {rank_count(run.world_size)}, {run.steps} steps"
         + (f" (first {run.warmup_steps} skipped as warm-up)" if run.warmup_steps else "")
         + f" — step p50 {ms(run.step_ms.p50)}, p95 {ms(run.step_ms.p95)}, "
         f"{_num(run.samples_per_s)} samples/s, communication overlap {pct(_frac(run.overlap_pct))}"
@@ -129,7 +136,11 @@ def _comm_lines(run: RunSteps, md: bool) -> list[str]:
             if run.link_gbps:
                 row.append(pct(c.link_fraction) if c.link_fraction is not None else "–")
             rows.append(row)
-        lines += ["", f"collectives (transfer time only; bandwidth in GB/s as nccl-tests{link}):"]
+        lines += [
+            "",
+            "collectives (transfer time only; algbw and busbw as nccl-tests computes them, "
+            f"1 GB/s = 10⁹ bytes/s{link}):",
+        ]
         lines += _table(headers, rows, md)
     if run.groups:
         rows = [
@@ -163,7 +174,7 @@ def _table(headers: list[str], rows: list[list[Any]], md: bool) -> list[str]:
     cells = [[printable(str(v)) for v in r] for r in rows]
     widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*headers), *(fmt.format(*r) for r in cells)]
+    return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in cells)]
 
 
 def _join(lines: list[str]) -> str:
@@ -199,8 +210,9 @@ def diff_json(d: TrainingDiff) -> str:
 def diff_text(d: TrainingDiff, md: bool = False) -> str:
     s = d.scaling
     lines = [
-        ("### " if md else "") + f"training diff {d.before.label} ({d.before.world_size} ranks) → "
-        f"{d.after.label} ({d.after.world_size} ranks)",
+        ("### " if md else "")
+        + f"training diff {d.before.label} ({rank_count(d.before.world_size)}) "
+        f"→ {d.after.label} ({rank_count(d.after.world_size)})",
         "",
         f"samples/s {_num(d.before.samples_per_s)} → {_num(d.after.samples_per_s)}: "
         f"speed-up {_num(s.speedup, 2)}× of an ideal {_num(s.ideal, 2)}×, "
@@ -243,11 +255,15 @@ def gate_text(g: TrainingGateResult, md: bool = False) -> str:
         + ("" if g.exit_code is None else f" (exit {g.exit_code})"),
         "",
     ]
+    # observed, interval and limit in one unit (a relative samples/s budget reads as the
+    # scaling efficiency it is); the raw fractions are in the JSON
     rows = [
-        [c.budget, c.result, _num(c.observed, 3), f"[{_num(c.ci_low, 3)}, {_num(c.ci_high, 3)}]"]
+        [c.budget, c.result, w.quantity, w.observed, w.interval or "–", w.limit, w.measured or "–"]
         for c in g.checks
+        if (w := c.words) is not None
     ]
-    lines += _table(["budget", "result", "observed", "interval"], rows, md)
+    headers = ["budget", "result", "checked", "observed", "interval", "limit", "measured"]
+    lines += _table(headers, rows, md)
     lines += [""] + [c.message for c in g.checks]
     return _join(lines) + "\n"
 

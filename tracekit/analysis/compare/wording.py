@@ -34,7 +34,11 @@ STAGE_PROSE: dict[str, str] = {
     cv.POSTPROCESS: "postprocessing",
     cv.DOWNSTREAM: "a dependency",
     cv.UNATTRIBUTED: "code outside every stage (add a tracekit.stage around it)",
+    cv.QUEUE: "requests waiting in the engine's queue",
+    cv.PREFILL: "prefill (the prompt's forward pass)",
+    cv.DECODE: "decode (the steps after the first token)",
 }
+"""How ``the issue is …`` names a stage; any other stage is ``the <name> stage``."""
 UNATTRIBUTED_PHRASE = "unattributed time (in no stage)"
 """How ``unattributed`` is named in a sentence: never with a kind, since time in no
 stage carries no evidence of being wait or compute (it is stored as ``wait``)."""
@@ -68,7 +72,7 @@ def issue_phrase(named: Sequence[tuple[str, str]], all_stages: Sequence[str]) ->
     """``the issue is batching or a dependency, not the model`` from (stage, kind) pairs."""
     nouns = []
     for stage, kind in named:
-        noun = STAGE_PROSE.get(stage, stage)
+        noun = STAGE_PROSE.get(stage, f"the {stage} stage")
         if kind == cv.HIDDEN_WAIT:
             noun = f"contention in {noun} (wall time grew, CPU/GPU time did not)"
         nouns.append(noun)

@@ -54,6 +54,7 @@ from tracekit.analysis.training.model import (
     Straggler,
     TrainingDiff,
     bottleneck_of,
+    rank_count,
 )
 from tracekit.analysis.training.steps import load_run
 
@@ -110,6 +111,13 @@ FIXES: dict[str, str] = {
     NONE: "nothing to fix",
 }
 """The fix the seeds name for each bottleneck."""
+BOTTLENECK_PROSE: dict[str, str] = {
+    DATA_LOADING: "Data loading",
+    COMMUNICATION: "Communication",
+    STRAGGLER: "Waiting for a late rank (straggler)",
+    COMPUTE: "Compute",
+}
+"""How the verdict's sentence names the bottleneck it opens with."""
 SAME_WORK_FIX = (
     "look at what changed in those stages — activation "
     "recomputation (checkpointing), FSDP resharding, another kernel or library version, "
@@ -363,7 +371,7 @@ def _verdict(
     grown = {k: 0.0 for k in BOTTLENECKS if k != NONE} | _grown(recovered_ms)
     total = sum(grown.values())
     shares = {k: v / total for k, v in grown.items()} if total > 0 else dict.fromkeys(grown, 0.0)
-    head = f"{b.label} ({b.world_size} ranks) → {a.label} ({a.world_size} ranks)"
+    head = f"{b.label} ({rank_count(b.world_size)}) → {a.label} ({rank_count(a.world_size)})"
     if speedup is None or efficiency is None:
         return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
     gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%})"
@@ -444,7 +452,7 @@ def _verdict(
     if evidence.stalls:
         detail += "; the loss is in a few slow steps (trimmed means show none)"
     summary = (
-        f"{head}: {gain}. {top.replace('_', ' ')} accounts for {grown[top] / lost:.0%} of the "
+        f"{head}: {gain}. {BOTTLENECK_PROSE[top]} accounts for {grown[top] / lost:.0%} of the "
         f"lost step time ({grown[top]:.1f} of {lost:.1f} ms per step){detail}{faster} — {fix}."
     )
     return TrainingVerdict(top, summary, fix, ranks, shares)

@@ -5,7 +5,10 @@ A budget is ``METRIC OP VALUE``: METRIC one of ``samples_per_s``, ``step_ms.p50`
 VALUE absolute (``1200``, ``45ms``, ``0.8``) or, for samples/s and step time, relative
 to the before run (``-10%``, ``+5%``). Relative samples/s is against the before run
 scaled to the after run's world size (ideal scaling), so ``samples_per_s>=-10%`` on two
-runs of different sizes reads "at least 90% scaling efficiency".
+runs of different sizes reads "at least 90% scaling efficiency", and is said so: each
+check's :class:`CheckWords` put the observed value, its interval and the budget in one
+unit ("scaling efficiency 38.3% of ideal", "≥ 90% of ideal"), beside what was measured
+("samples/s 88.4 → 67.7").
 
 Each statistic gets a bootstrap interval over steps (both runs resampled); a budget
 passes when the whole interval is within it, fails when the whole interval is beyond,
@@ -44,6 +47,23 @@ class TrainingBudget:
     relative: bool
 
 
+@dataclass(frozen=True)
+class CheckWords:
+    """A check as it is read: the observed value, its interval and the budget in one unit."""
+
+    quantity: str
+    """What is checked: ``scaling efficiency``, ``samples/s``, ``step p95``, …"""
+    observed: str
+    """``38.3% of ideal``, ``67.7``, ``+12.0% against 1rank``, ``470.1 ms``."""
+    interval: str
+    """``37.2% … 39.5%`` (empty when inconclusive for want of steps)."""
+    limit: str
+    """The budget in the observed value's unit: ``≥ 90% of ideal``, ``≤ 120 ms``."""
+    measured: str
+    """Each run's statistic as measured: ``samples/s 88.4 → 67.7``, ``step p95 78.0 →
+    128.1 ms``."""
+
+
 @dataclass
 class TrainingCheck:
     budget: str
@@ -55,6 +75,11 @@ class TrainingCheck:
     ci_high: float | None
     limit: float
     message: str
+    before_value: float | None = None
+    """The before run's statistic as measured (samples/s or ms; None for efficiency)."""
+    after_value: float | None = None
+    """The after run's statistic as measured."""
+    words: CheckWords | None = None
 
 
 @dataclass
@@ -99,6 +124,54 @@ def _holds(op: str, x: float, limit: float) -> bool:
     return {"<": x < limit, "<=": x <= limit, ">": x > limit, ">=": x >= limit}[op]
 
 
+_OP = {"<": "<", "<=": "≤", ">": ">", ">=": "≥"}
+_QUANTITY = {
+    "samples_per_s": "samples/s",
+    "step_ms.p50": "step p50",
+    "step_ms.p95": "step p95",
+    "step_ms.mean": "mean step",
+}
+
+
+def _short_pct(x: float, sign: bool = False) -> str:
+    """``90%``, ``87.5%``, ``+10%``: a budget as its writer would."""
+    text = f"{x * 100:{'+' if sign else ''}.1f}".rstrip("0").rstrip(".")
+    return text + "%"
+
+
+def words_for(
+    budget: TrainingBudget, before: str, b_value: float | None, a_value: float | None
+) -> tuple[str, Callable[[float], str], str, str, str]:
+    """(quantity, how a checked value reads, what follows the observed value, the limit,
+    what was measured) for ``budget``. A relative samples/s budget is read as the scaling
+    efficiency it is (``-10%`` → ``≥ 90% of ideal``)."""
+    op = _OP[budget.op]
+    quantity = _QUANTITY.get(budget.metric, "scaling efficiency")
+    steps = budget.metric.startswith("step_ms")
+    measured = ""
+    if b_value is not None and a_value is not None:
+        measured = f"{b_value:,.1f} → {a_value:,.1f}"
+    elif a_value is not None:
+        measured = f"{a_value:,.1f}"
+    if measured:
+        measured = f"{quantity} {measured} ms" if steps else f"samples/s {measured}"
+    if not steps and (budget.metric == "efficiency" or budget.relative):
+        shift = 1.0 if budget.relative else 0.0
+        return (
+            "scaling efficiency",
+            lambda x: f"{x + shift:.1%}",
+            " of ideal",
+            f"{op} {_short_pct(budget.value + shift)} of ideal",
+            measured,
+        )
+    if budget.relative:
+        limit = f"{op} {_short_pct(budget.value, sign=True)}"
+        return quantity, lambda x: f"{x:+.1%}", f" against {before}", limit, measured
+    if steps:
+        return quantity, lambda x: f"{x:,.1f} ms", "", f"{op} {budget.value:,g} ms", measured
+    return quantity, lambda x: f"{x:,.1f}", "", f"{op} {budget.value:,g} samples/s", measured
+
+
 def check(
     b: RunSteps, a: RunSteps, budget: TrainingBudget, *, confidence: float = 0.95, seed: int = 0
 ) -> TrainingCheck:
@@ -121,10 +194,14 @@ def check(
         before = _stat(budget.metric, sb, nb) * (ratio if throughput else per_rank)
         return after / before - 1.0
 
+    b_value = _stat(budget.metric, bs, ns_b) if len(bs) else None
+    a_value = _stat(budget.metric, ba, ns_a) if len(ba) else None
+    quantity, fmt, unit, limit, measured = words_for(budget, b.label, b_value, a_value)
     if len(bs) < MIN_STEPS or len(ba) < MIN_STEPS:
+        message = f"{budget.text}: inconclusive — fewer than {MIN_STEPS} steps in a run"
         return TrainingCheck(
-            budget.text, budget.metric, INCONCLUSIVE, None, None, None, budget.value,
-            f"{budget.text}: inconclusive — fewer than {MIN_STEPS} steps in a run",
+            budget.text, budget.metric, INCONCLUSIVE, None, None, None, budget.value, message,
+            b_value, a_value, CheckWords(quantity, "–", "", limit, measured),
         )  # fmt: skip
     observed = value(bs, ns_b, ba, ns_a)
     rng = np.random.default_rng(seed)
@@ -137,16 +214,16 @@ def check(
     inside = _holds(budget.op, lo, budget.value) and _holds(budget.op, hi, budget.value)
     beyond = not _holds(budget.op, lo, budget.value) and not _holds(budget.op, hi, budget.value)
     result = PASS if inside else FAIL if beyond else INCONCLUSIVE
-    fmt: Callable[[float], str] = (
-        (lambda x: f"{x:+.1%}") if budget.relative else (lambda x: f"{x:,.3g}")
-    )
+    words = CheckWords(quantity, fmt(observed) + unit, f"{fmt(lo)} … {fmt(hi)}", limit, measured)
     message = (
-        f"{budget.text}: {result} — {budget.metric} {fmt(observed)} "
-        f"({confidence:.0%} interval {fmt(lo)} … {fmt(hi)})"
+        f"{budget.text}: {result} — {quantity} {words.observed} "
+        f"({confidence:.0%} interval {words.interval}; budget {limit})"
+        + (f"; {measured} as measured" if measured else "")
     )
     return TrainingCheck(
-        budget.text, budget.metric, result, observed, lo, hi, budget.value, message
-    )
+        budget.text, budget.metric, result, observed, lo, hi, budget.value, message,
+        b_value, a_value, words,
+    )  # fmt: skip
 
 
 def gate_runs(

@@ -279,6 +279,11 @@ class BandwidthChange:
         return text
 
 
+def rank_count(n: int) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def gb_s(value: float) -> str:
     """A bandwidth as nccl-tests prints it (GB/s), in MB/s under 0.1 GB/s (gloo on loopback)."""
     if value >= 10:

@@ -7,18 +7,17 @@ in alternating blocks, the idle one frozen, as the serving demo's releases are
 The load (:mod:`tracekit.demo.llm.client`) is open loop, prompts and ``max_tokens``
 varied, each answer read as a stream. Then the traces are ingested and the diff of v1
 against v2 printed through the front door — time to first token and time per output
-token beside end-to-end latency — and one line says whether tracekit named the stage
-the change was expected to grow.
+token beside end-to-end latency — and the serving demo's result lines say what was
+injected, what the diff of its own metric should name, and what it named (✓ or ✗).
 
 :func:`run_llm_load` is the load and ingest alone (what the tests run);
-:func:`run_llm_demo` adds the diffs and the verdict.
+:func:`run_llm_demo` adds the diffs and the result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import shutil
 import sys
 import tempfile
@@ -54,7 +53,7 @@ for about 60 ms, so v1's 8 slots are a quarter busy, and ``kv``'s 2 about full: 
 queue within a block, and its end drains them. ``decode`` keeps the 8 slots and makes
 each step slower."""
 METRICS = ("e2e", "ttft", "tpot")
-"""The diffs printed, in order (``ttft`` and ``tpot`` where ``Analysis.diff`` takes them)."""
+"""The diffs printed, in order: end to end, time to first token, time per output token."""
 
 
 @dataclass
@@ -191,14 +190,6 @@ def run_llm_load(
     )
 
 
-def diff_takes_metric() -> bool:
-    """Whether ``Analysis.diff`` takes ``metric=`` (being added; until it does, only the
-    end-to-end diff is printed). Delete this check once every diff has it."""
-    from tracekit.analysis.facade import Analysis
-
-    return "metric" in inspect.signature(Analysis.diff).parameters
-
-
 @dataclass(frozen=True)
 class Named:
     """What one diff's verdict named."""
@@ -212,16 +203,15 @@ class Named:
         return f"{found} in {self.metric}"
 
 
-def report(db: Path, regression: LlmRegression) -> list[Named]:
-    """Print the diff of v1 against v2 for each metric it takes; what each one named."""
+def report(db: Path) -> list[Named]:
+    """Print the diff of v1 against v2 for each metric; what each one named."""
     from tracekit.analysis.facade import Analysis, DiffResult
     from tracekit.demo.runner import show, step
 
-    metrics = METRICS if diff_takes_metric() else METRICS[:1]
     named: list[Named] = []
     out = Console(file=sys.stdout, highlight=False)
     with Analysis.open(db) as analysis:
-        for metric in metrics:
+        for metric in METRICS:
             kwargs: dict[str, Any] = {} if metric == "e2e" else {"metric": metric}
             flag = "" if metric == "e2e" else f" --metric {metric}"
             out.rule(f"[bold]tracekit diff --before {BEFORE} --after {AFTER}{flag}[/]")
@@ -235,25 +225,32 @@ def report(db: Path, regression: LlmRegression) -> list[Named]:
     return named
 
 
-def verdict_line(regression: LlmRegression, named: Sequence[Named], seconds: float) -> str:
-    """``injected: kv → expected queue (wait) in ttft; tracekit named … (found, 21 s)``.
-
-    Found when the diff of the regression's own metric names its stage and kind; where
-    that diff is not available (``Analysis.diff`` without ``metric=``), the e2e diff.
-    """
-    by_metric = {n.metric: n for n in named}
-    judged = by_metric.get(regression.metric) or by_metric.get("e2e")
-    ok = (
-        judged is not None
-        and judged.stage == regression.expected_stage
-        and judged.kind == regression.expected_kind
+def judge(regression: LlmRegression, named: Sequence[Named]) -> tuple[str, bool, str]:
+    """(what the diff of the regression's own metric found, whether that is the expected
+    stage and kind, what the other diffs found) for the result lines."""
+    own = next((n for n in named if n.metric == regression.metric), None)
+    ok = own is not None and (own.stage, own.kind) == (
+        regression.expected_stage,
+        regression.expected_kind,
     )
-    said = ", ".join(str(n) for n in named) or "nothing (every diff failed)"
-    missing = [m for m in METRICS if m not in by_metric]
-    note = f"; no {'/'.join(missing)} diff" if missing else ""
-    return (
-        f"injected: {regression.name} → expected {regression.expected} in {regression.metric}; "
-        f"tracekit named {said}{note} ({'found' if ok else 'MISSED'}, {seconds:.0f} s)"
+    found = str(own) if own is not None else f"nothing (the {regression.metric} diff failed)"
+    others = ", ".join(str(n) for n in named if n is not own)
+    return found, ok, f"also: {others}" if others else ""
+
+
+def print_verdict(regression: LlmRegression, named: Sequence[Named]) -> None:
+    """The serving demo's result lines: injected, expected, found with ✓ or ✗."""
+    from tracekit.demo.runner import print_result
+
+    found, ok, tail = judge(regression, named)
+    print_result(
+        target=AFTER,
+        injected=regression.name,
+        description=regression.description,
+        expected=f"{regression.expected} in {regression.metric}",
+        found=found,
+        ok=ok,
+        tail=tail,
     )
 
 
@@ -283,9 +280,8 @@ def run_llm_demo(
             load = run_llm_load(workdir, change, seed=seed, rounds=rounds, rate=rate)
             if load.skipped:
                 console.print(f"[yellow]tracekit ingest skipped {load.skipped:,} inputs[/]")
-            named = report(load.db, change)
+            print_verdict(change, report(load.db))
             total = time.monotonic() - began
-            print(verdict_line(change, named, total), flush=True)
             kept = f"files kept in {workdir}" if keep is not None else "temporary files removed"
             console.print(
                 f"[dim]run time {total:.0f} s: both releases {load.seconds:.0f} s, "
