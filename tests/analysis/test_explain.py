@@ -91,7 +91,7 @@ def test_json_schema(store: Store, example: str) -> None:
 
 def test_markdown_has_both_tables(store: Store, example: str) -> None:
     md = render_markdown(explain_trace(store, example))
-    assert "| stage | wait/compute |" in md and "| ★ | span |" in md and "**total**" in md
+    assert "| stage | kind |" in md and "| ★ | span |" in md and "**total**" in md
 
 
 def test_prefix_lookup_and_errors(store: Store, example: str) -> None:

@@ -92,10 +92,21 @@ def progress_bar(
         TextColumn,
         TimeElapsedColumn,
     )
+    from rich.table import Column
 
     done_column = MofNCompleteColumn() if counts else DownloadColumn()
-    columns = (TextColumn("{task.description}"), BarColumn(), done_column, TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    # The figures never shrink: the description gives way (cut with an ellipsis) and the
+    # bar is narrow, so "160/1,300 0:00:12" stays whole in an 80-column terminal.
+    console = Console(stderr=True)
+    figures = 20 + 19 + 7 + 3  # bar, "123.4/567.8 MB" or "1,300/13,000", 0:00:12, gaps
+    text = Column(no_wrap=True, overflow="ellipsis", max_width=max(8, console.width - figures))
+    columns = (
+        TextColumn("{task.description}", table_column=text),
+        BarColumn(bar_width=20),
+        done_column,
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(label, total=None)
 
         def advance(done: int, total: int, name: str | None = None) -> None:

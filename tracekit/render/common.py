@@ -63,6 +63,25 @@ def metric_label(metric: str) -> str:
     return "" if metric == "e2e" else f" ({metric.upper()})"
 
 
+HIDDEN_WAIT_MARK = "*"
+HIDDEN_WAIT_NOTE = (
+    "* hidden wait: a compute stage whose wall time grew while its CPU/GPU time did not "
+    "(contention, the GIL, throttling, sync stalls)"
+)
+
+
+def kind_cell(time_kind: str, hidden_wait: bool = False) -> str:
+    """A stage's kind as every command prints it: the declared ``wait`` or ``compute``,
+    marked ``*`` where measurement showed hidden wait (:data:`HIDDEN_WAIT_NOTE`), so one
+    stage never reads as two different kinds in two commands."""
+    return time_kind + (HIDDEN_WAIT_MARK if hidden_wait else "")
+
+
+def hidden_wait_note(stages: Sequence[Any]) -> list[str]:
+    """The footnote for :func:`kind_cell`'s mark, when a stage carries it."""
+    return [HIDDEN_WAIT_NOTE] if any(getattr(s, "hidden_wait", False) for s in stages) else []
+
+
 def to_json(obj: Any) -> str:
     """Stable JSON: dataclasses become objects, NaN/inf become null, keys keep their order."""
     return json.dumps(_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
@@ -96,6 +115,19 @@ def as_text(value: Any, style: str = "") -> Text:
     return Text(printable(str(value)), style=style)
 
 
+def prose_width(width: int = 110) -> int:
+    """Where sentences (verdicts, flags, headings) wrap: at the terminal's width when
+    stdout is one (an 80-column terminal gets 80), else at ``width``, so a log or a file
+    keeps each sentence on as few lines as before. Tables keep their own width and may
+    scroll."""
+    import shutil
+    import sys
+
+    if not sys.stdout.isatty():
+        return width
+    return max(40, min(width, shutil.get_terminal_size((width, 24)).columns))
+
+
 def rich_to_text(*renderables: Any, width: int = 110) -> str:
     """Render rich objects to a string (colour only when stdout is a terminal).
 
@@ -117,6 +149,12 @@ def rich_to_text(*renderables: Any, width: int = 110) -> str:
         markup=False,
         emoji=False,
     )
+    from rich.text import Text
+
+    prose = prose_width(width)
     for r in renderables:
-        console.print(printable(r) if isinstance(r, str) else r)
+        if isinstance(r, str | Text):  # sentences wrap to fit the terminal; tables may scroll
+            console.print(printable(r) if isinstance(r, str) else r, width=prose)
+        else:
+            console.print(r)
     return buf.getvalue()

@@ -18,6 +18,8 @@ from tracekit.analysis.results import Flag
 from tracekit.render.common import (
     _jsonable,
     as_text,
+    hidden_wait_note,
+    kind_cell,
     markdown_table,
     metric_label,
     ms,
@@ -82,7 +84,7 @@ def stage_rows(result: DiffResult) -> list[list[str]]:
         rows.append(
             [
                 s.name,
-                s.kind.replace("_", " "),
+                kind_cell(s.time_kind, s.hidden_wait),
                 pct(s.share) if s.share == s.share else "–",
                 _num(s.counterfactual_p99_removed_ms, signed=True),
                 _num(s.tail_before_ms),
@@ -209,6 +211,7 @@ def render_table(result: DiffResult) -> str:
             latency_rows(result),
         ),
         _table("Stages (ms)", STAGE_HEADERS, stage_rows(result)),
+        *[as_text(line, style="dim") for line in hidden_wait_note(result.stages)],
         as_text(cohort_line(result), style="dim"),
     ]
     if result.attributes:
@@ -248,6 +251,7 @@ def render_markdown(result: DiffResult) -> str:
         "",
         markdown_table(STAGE_HEADERS, stage_rows(result)),
         "",
+        *[f"_{line}_\n" for line in hidden_wait_note(result.stages)],
         f"_{printable(cohort_line(result))}_",
     ]
     if result.attributes:

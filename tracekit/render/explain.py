@@ -238,7 +238,7 @@ def render_table(e: Explanation) -> str:
 
     stages = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, show_footer=True)
     stages.add_column("stage", footer="total")
-    stages.add_column("wait/compute")
+    stages.add_column("kind")
     stages.add_column("on path", justify="right", footer=ms(e.duration_ms))
     stages.add_column("share", justify="right", footer=pct(1.0))
     stages.add_column("wall", justify="right")
@@ -296,9 +296,7 @@ def render_markdown(e: Explanation) -> str:
     ]
     stage_rows.append(["**total**", "", ms(e.duration_ms), pct(1.0), "", "", ""])
     lines += [
-        markdown_table(
-            ["stage", "wait/compute", "on path", "share", "wall", "cpu", "gpu"], stage_rows
-        ),
+        markdown_table(["stage", "kind", "on path", "share", "wall", "cpu", "gpu"], stage_rows),
         "",
     ]
     span_rows = [

@@ -12,6 +12,8 @@ from tracekit.analysis.compare.summary import SlowFast, Summary
 from tracekit.analysis.results import release_name
 from tracekit.render.common import (
     as_text,
+    hidden_wait_note,
+    kind_cell,
     markdown_table,
     ms,
     pct,
@@ -79,7 +81,7 @@ def slow_rows(r: SlowFast) -> list[list[str]]:
     return [
         [
             g.name,
-            g.kind.replace("_", " "),
+            kind_cell(g.time_kind, g.hidden_wait),
             _num(g.fast_mean_ms),
             _num(g.slow_mean_ms),
             signed_ms(g.delta_ms).removesuffix(" ms"),
@@ -151,6 +153,7 @@ def render_slow_table(r: SlowFast) -> str:
         as_text(r.summary, style="bold"),
         "",
         _table("Stages, slow vs fast (critical-path ms, cohort means)", SLOW_HEADERS, slow_rows(r)),
+        *[as_text(line, style="dim") for line in hidden_wait_note(r.stages)],
         as_text(_cohort_line(r), style="dim"),
     ]
     if r.attributes:
@@ -181,6 +184,7 @@ def render_slow_markdown(r: SlowFast) -> str:
         "",
         markdown_table(SLOW_HEADERS, slow_rows(r)),
         "",
+        *[f"_{line}_\n" for line in hidden_wait_note(r.stages)],
         f"_{printable(_cohort_line(r))}_",
     ]
     if r.attributes:

@@ -22,7 +22,7 @@ from typing import Any
 from tracekit import __version__
 from tracekit.analysis.report import Report, Waterfall
 from tracekit.errors import ConfigError
-from tracekit.render.common import metric_label, ms, pct
+from tracekit.render.common import kind_cell, metric_label, ms, pct
 from tracekit.render.diff import (
     ATTRIBUTE_HEADERS,
     LATENCY_HEADERS,
@@ -253,7 +253,7 @@ def _slow_sections(page: Page, report: Report) -> None:
     rows = [
         [
             g.name,
-            g.kind.replace("_", " "),
+            kind_cell(g.time_kind, g.hidden_wait),
             ms(g.slow_mean_ms),
             ms(g.fast_mean_ms),
             ms(g.delta_ms),
