@@ -71,6 +71,37 @@ def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
         assert verdict.primary_stage in regression.expected_stages, message
 
 
+def test_every_command_speaks_one_vocabulary_on_the_demo_store(
+    store: Path, vocabulary, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command's table and markdown output over the demo's releases: one word for a
+    stage's kind (contention's hidden wait is a mark, not another kind), sentences,
+    singulars, units (tests/conftest.py, Vocabulary)."""
+    import json
+
+    from tracekit.cli import main
+
+    db = ["--db", str(store)]
+    assert main(["diff", "--before", "v1", "--after", "v2-batch", "--format", "json", *db]) == 0
+    trace = json.loads(capsys.readouterr().out)["exemplars"][0]["trace_id"]
+    commands = [
+        ["summary"],
+        ["slow", "--version", "v2-contention"],
+        ["slow", "--version", "v2-batch"],
+        *(["diff", "--before", "v1", "--after", f"v2-{k}"] for k in KINDS),
+        ["gate", "--before", "v1", "--after", "v2-batch"],
+        ["explain", trace],
+        ["autoscale", "--version", "v1", "--version", "v2-batch", "--slo", "p95<60ms"],
+    ]
+    for command in commands:
+        for fmt in ("table", "markdown"):
+            code = main([*command, "--format", fmt, *db])
+            out = capsys.readouterr().out
+            assert code in (0, 1, 3), (command, fmt, code)
+            vocabulary.check(out, f"tracekit {' '.join(command)} --format {fmt}")
+    assert set(vocabulary.kinds) >= {"batch_queue", "model_execute", "postprocess"}
+
+
 def test_ctrl_c_during_an_interleaved_run_stops_every_process(tmp_path: Path) -> None:
     # The releases are frozen when this fires: stopping them must thaw them first, or
     # they would wait for a SIGCONT that never comes.
