@@ -107,6 +107,15 @@ def test_release_missing_only_in_spikes_is_latency_bound(store) -> None:
     assert r.headroom.knee_rps_per_replica == pytest.approx(6.0, rel=0.05)
     assert r.headroom.peak_rps_per_replica == pytest.approx(18.0, rel=0.05)
     assert "misses p95<100ms" in r.reason and "2 spikes of 4–6 s" in r.reason
+    # The sentence gives the table's counts: missed of judged, per regime and in all.
+    judged = r.peak.judged_windows + r.normal.judged_windows
+    assert (r.peak.missed_windows, r.peak.judged_windows) == (len(SPIKES), len(SPIKES))
+    assert f"in {len(SPIKES)} of {judged} judged windows" in r.reason
+    assert f"({len(SPIKES)} of {len(SPIKES)} peak, 0 of {judged - len(SPIKES)} normal)" in r.reason
+    # Every spike request is 250 ± 10% ms against 100 ms: ~150 ms past it each.
+    spike_requests = 36 * WINDOW_S * len(SPIKES)
+    assert r.overrun.requests == pytest.approx(spike_requests)
+    assert r.overrun.excess_s == pytest.approx(spike_requests * 0.150, rel=0.05)
     assert sum(p.missed for p in r.windows) == len(SPIKES)
     assert all(p.peak == (i in SPIKES) for i, p in enumerate(r.windows))
 
@@ -121,7 +130,8 @@ def test_release_meeting_the_objective_with_idle_gpus_is_cost_bound(store) -> No
     accepted = 12 * 2 * 25 + 36 * 2 * 5
     assert r.cost.replica_seconds_per_1k == pytest.approx(120.0 / accepted * 1000, rel=0.02)
     assert r.cost.cost_per_1k == pytest.approx(r.cost.replica_seconds_per_1k * 0.001)
-    assert "GPUs 4% busy" in r.reason
+    assert "its GPUs 4% busy" in r.reason
+    assert r.overrun.requests == 0 and r.overrun.excess_s == 0
 
 
 def test_release_meeting_the_objective_with_busy_gpus_is_balanced(store) -> None:
@@ -137,7 +147,9 @@ def test_release_meeting_the_objective_with_busy_gpus_is_balanced(store) -> None
 def test_too_few_windows_is_inconclusive(store) -> None:
     r = _one(store, "short")
     assert r.verdict == INCONCLUSIVE
-    assert "only 4 windows" in r.reason
+    assert r.reason == (
+        "only 4 windows had the 20 accepted requests p95 needs, and a verdict needs at least 6."
+    )
 
 
 def test_failed_requests_are_not_accepted(store) -> None:
@@ -160,7 +172,7 @@ def test_absent_device_time_is_none_and_wall_time_stands_in_named_as_such(store)
     assert r.cost.execution_busy_fraction == pytest.approx(per_pod * 0.005 / 60, rel=0.03)
     assert {"no_device_time", "busy_from_wall_time"} <= _codes(r)
     assert "cost_not_judged" not in _codes(r)
-    assert r.verdict == COST_BOUND and "model executions 4% busy (wall time)" in r.reason
+    assert r.verdict == COST_BOUND and "its model executions 4% busy (wall time)" in r.reason
     # With device time, the wall figure is still there, and no stand-in flag.
     idle = _one(store, "idle")
     assert idle.cost.execution_busy_fraction == pytest.approx(per_pod * 0.005 / 60, rel=0.03)
@@ -179,7 +191,7 @@ def test_prices_per_release_and_a_default(store) -> None:
     assert idle.cost.cost_per_1k == pytest.approx(idle.cost.replica_seconds_per_1k * 0.001)
     assert nogpu.cost.cost_per_1k is None and nogpu.cost.replica_cost_per_h is None
     assert any(f.code == "no_replica_cost" and "nogpu" in f.message for f in result.flags)
-    assert "money unknown where no replica cost was given" in result.summary
+    assert "Money is unknown where no replica cost was given." in result.summary
     with pytest.raises(ConfigError, match="which is not a --version"):
         capacity(store, ["idle"], SLO, window_s=WINDOW_S, replica_cost_per_h={"B": 1.0})
     assert units.parse_replica_costs(["A=4/h", "1.2/h"], ["A", "B"]) == {"A": 4.0, "B": 1.2}
@@ -204,8 +216,68 @@ def test_summary_names_the_latency_bound_release_first(store) -> None:
     result = capacity(store, ["idle", "lat"], SLO, window_s=WINDOW_S, replica_cost_per_h=3.6)
     assert [r.label for r in result.releases] == ["idle", "lat"]
     assert result.summary.startswith("fix lat first: it misses p95<100ms")
-    assert "idle meets p95<100ms with GPUs 4% busy at $" in result.summary
+    assert "idle meets p95<100ms with its GPUs 4% busy at $" in result.summary
     assert result.slo == "p95<100ms" and result.window_s == WINDOW_S
     unknown = capacity(store, ["idle", "lat"], SLO, window_s=WINDOW_S)
-    assert "costs unknown" in unknown.summary
+    assert unknown.summary.endswith("Costs are unknown: no replica cost was given.")
     assert "no_replica_cost" in {f.code for f in unknown.flags}
+
+
+def _two_latency_bound(far_windows: int, far_ms: float) -> TraceBuilder:
+    """Two latency-bound releases: "many" misses in every spike window by a little (130 ms
+    against 100), "far" in only ``far_windows`` of them, by ``far_ms``."""
+    b = TraceBuilder(seed=11)
+    _release(b, "many", spike_latency_ms=130.0, seed=12)
+    rng = random.Random(13)
+    for w in range(30):
+        spike = w in SPIKES
+        n = round(12.0 * (3.0 if spike else 1.0) * WINDOW_S)
+        late = spike and w in sorted(SPIKES)[:far_windows]
+        for k in range(n):
+            b.request(
+                start_ms=(w + k / n) * WINDOW_S * 1000.0,
+                duration_ms=(far_ms if late else 40.0) * rng.uniform(0.9, 1.1),
+                version="far",
+                instance_id=PODS[k % 2],
+            ).stage(cv.MODEL_EXECUTE, start_ms=1.0, duration_ms=5.0, gpu_ms=4.5)
+    return b
+
+
+def test_of_two_latency_bound_releases_the_one_furthest_past_the_objective_is_first() -> None:
+    b = _two_latency_bound(far_windows=1, far_ms=1000.0)
+    s = open_store(":memory:")
+    b.load(s)
+    result = capacity(s, ["many", "far"], SLO, window_s=WINDOW_S)
+    many, far = result.releases
+    assert many.verdict == far.verdict == LATENCY_BOUND
+    # "many" misses in more windows; "far" runs further past the objective in all.
+    assert many.peak.missed_windows > far.peak.missed_windows == 1
+    assert far.overrun.requests < many.overrun.requests
+    assert far.overrun.excess_s > many.overrun.excess_s
+    assert result.summary.startswith("fix far first: 72 of its requests (8%) took longer than")
+    # The sentence names both figures, its own and the other's.
+    far_s, many_s = f"{far.overrun.excess_s:,.1f} s", f"{many.overrun.excess_s:,.1f} s"
+    assert f"100 ms, {far_s} past it in all, against 360 of many's, {many_s} past it." in (
+        result.summary
+    )
+    assert "many is latency-bound too: it misses p95<100ms in 5 of 30" in result.summary
+    # By a little more than "many" instead: "many" binds first.
+    b = _two_latency_bound(far_windows=1, far_ms=200.0)
+    s = open_store(":memory:")
+    b.load(s)
+    result = capacity(s, ["far", "many"], SLO, window_s=WINDOW_S)
+    assert result.summary.startswith("fix many first: 360 of its requests")
+
+
+def test_every_reason_and_summary_is_made_of_full_sentences(store) -> None:
+    labels = ["lat", "idle", "busy", "errs", "nogpu", "nomodel", "short"]
+    texts = [_one(store, label).reason for label in labels]
+    texts += [
+        capacity(store, [a, b], SLO, window_s=WINDOW_S).summary
+        for a, b in [("idle", "lat"), ("busy", "nomodel"), ("short", "busy"), ("lat", "errs")]
+    ]
+    for text in texts:
+        assert text.endswith("."), text
+        # No fragment glued to a label ("A it meets"), no doubled parentheses or stops.
+        assert not any(f"{label} it " in text for label in labels), text
+        assert ") (" not in text and ".." not in text and ". ." not in text, text

@@ -14,11 +14,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tracekit import cli
-from tracekit.analysis.capacity.model import COST_BOUND, LATENCY_BOUND
+from tracekit.analysis.capacity.model import COST_BOUND, LATENCY_BOUND, CapacityResult
 from tracekit.demo import capacity
 from tracekit.demo.capacity import RELEASES, burst_plan
 from tracekit.demo.loadgen import Block
@@ -98,6 +99,9 @@ def test_b_misses_in_the_spikes_and_a_meets_it_mostly_idle(run: Run) -> None:
     verdicts = dict(re.findall(r"^(A|B): (\w+) — ", run.out, re.M))
     assert verdicts == {"A": COST_BOUND, "B": LATENCY_BOUND}, run.out
     assert re.search(r"^summary: fix B first: ", run.out, re.M), run.out
+    # The result lines say so, one expectation per release, each held.
+    found = re.findall(r"^tracekit capacity found: (.*) ([✓✗])$", run.out, re.M)
+    assert found == [("cost_bound", "✓"), ("latency_bound, fix B first", "✓")], run.out
     args = ["capacity", "--version", "A", "--version", "B", "--slo", capacity.SLO]
     args += ["--window", f"{capacity.WINDOW_S}s", "--format", "json"]
     for c in RELEASES:
@@ -107,7 +111,10 @@ def test_b_misses_in_the_spikes_and_a_meets_it_mostly_idle(run: Run) -> None:
         assert cli.main([*args, "--db", str(run.workdir / capacity.DB_NAME)]) == 0
     a, b = json.loads(out.getvalue())["releases"]
     assert b["peak"]["miss_share"] == 1.0 and b["normal"]["miss_share"] == 0.0
+    assert a["peak"]["missed_windows"] == a["normal"]["missed_windows"] == 0
     assert b["spikes"]["count"] == capacity.SPIKES
+    # B's spikes run far past the objective; A's requests hardly ever do.
+    assert b["overrun"]["excess_s"] > 10 * max(a["overrun"]["excess_s"], 1.0)
     # One window per block: the quiet blocks are the normal windows, the spikes the peak.
     for r in (a, b):
         assert r["normal"]["windows"] == capacity.ROUNDS - capacity.SPIKES, r["normal"]
@@ -117,11 +124,33 @@ def test_b_misses_in_the_spikes_and_a_meets_it_mostly_idle(run: Run) -> None:
     assert a["cost"]["execution_busy_fraction"] < 0.4 < b["cost"]["execution_busy_fraction"] * 2
     assert {"no_device_time", "busy_from_wall_time"} <= {f["code"] for f in a["flags"]}
     # The curve fitted from B's real batches recovers its accelerator's cost per request
-    # (14 ms; the CPU model adds a little), and its fixed cost (10 ms, plus the model's).
+    # (40 ms; the CPU model adds a little), and its fixed cost (5 ms, plus the model's).
     curve = b["batching"]["curve"]
-    assert 13.0 < curve["per_request_ms"] < 17.0 and 8.0 < curve["intercept_ms"] < 30.0
+    assert 39.0 < curve["per_request_ms"] < 45.0 and 3.0 < curve["intercept_ms"] < 30.0
     # One replica each for the same load: money per request follows the price.
     ratio = (a["cost"]["cost_per_1k"] / b["cost"]["cost_per_1k"]) / (
         a["cost"]["replica_seconds_per_1k"] / b["cost"]["replica_seconds_per_1k"]
     )
     assert ratio == pytest.approx(4.00 / 1.20, rel=1e-3)
+
+
+def _result(a: str, b: str, summary: str) -> CapacityResult:
+    releases = [SimpleNamespace(label="A", verdict=a), SimpleNamespace(label="B", verdict=b)]
+    return SimpleNamespace(releases=releases, summary=summary)  # type: ignore[return-value]
+
+
+def test_result_lines_mark_each_expectation(capsys: pytest.CaptureFixture[str]) -> None:
+    ok = _result(COST_BOUND, LATENCY_BOUND, "fix B first: it misses p95<1000ms in 2 of 7.")
+    assert capacity.print_verdict(ok) is True
+    out = capsys.readouterr().out
+    assert "injected in A: small batches on a fast, dear accelerator — batches of ≤2" in out
+    assert "expected: latency_bound, fix B first" in out
+    assert out.count("✓") == 2 and "✗" not in out and out.count("result") == 1
+    # A rated latency-bound, and named first: both expectations fail, each marked.
+    wrong = _result(LATENCY_BOUND, LATENCY_BOUND, "fix A first: 160 of its requests …")
+    assert capacity.print_verdict(wrong) is False
+    out = capsys.readouterr().out
+    assert "found: latency_bound ✗" in out and "found: latency_bound, fix A first ✗" in out
+    # No result at all (the analysis failed): nothing holds, nothing is invented.
+    assert capacity.print_verdict(None) is False
+    assert capsys.readouterr().out.count("✗") == 2

@@ -20,21 +20,26 @@ from tracekit.commands._types import duration_ms_type
 from tracekit.outputs import check_outputs
 
 DESCRIPTION = """\
-For each release: latency (p50/p95/p99 of accepted requests) in normal and in peak
-windows and the share that miss the objective, the traffic spikes (how many, how long,
-how high), the cost (replica-seconds and, with --replica-cost, money per 1,000 accepted
-requests; GPU busy fraction from the traced model executions), the headroom (arrival
-rate per replica where the objective breaks against the peak seen), and a verdict:
-latency_bound, cost_bound, balanced or inconclusive. With batching traced, the batch
-size and wait that keep the batch queue within --queue-budget at the least GPU time
-per request, as Triton and tracekit batcher settings. With two releases or more, which
-one binds the business first, and why.
+For each release: latency (p50/p95/p99 of accepted requests) in normal and in
+peak windows, and how many of them miss the objective; the traffic spikes (how
+many, how long, how high); the requests over the objective and how far past it
+they ran; the cost (replica-seconds and, with --replica-cost, money per 1,000
+accepted requests; GPU busy from the traced model executions); the headroom
+(arrival rate per replica where the objective breaks, against the peak seen);
+and a verdict: latency_bound, cost_bound, balanced or inconclusive. With
+batching traced, the batch size and wait that keep the batch queue within
+--queue-budget at the least GPU time per request, as Triton and tracekit
+batcher settings. With two releases or more, which one binds the business
+first, and why: latency-bound before cost-bound, and of two latency-bound
+releases the one whose requests ran further past the objective in all.
 
 Examples:
   tracekit capacity --version A --version B --slo "p95<100ms"
-  tracekit capacity --version v2 --slo "p95<100ms" --window 10s --replica-cost 2.50/h
-  tracekit capacity --version v2 --slo "p99<250ms" --queue-budget 20ms --format json
-  tracekit capacity --version A --version B --slo "p95<100ms" \
+  tracekit capacity --version v2 --slo "p95<100ms" --window 10s \\
+      --replica-cost 2.50/h
+  tracekit capacity --version v2 --slo "p99<250ms" --queue-budget 20ms \\
+      --format json
+  tracekit capacity --version A --version B --slo "p95<100ms" \\
       --replica-cost A=4.00/h --replica-cost B=1.20/h
 """
 

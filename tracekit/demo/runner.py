@@ -435,16 +435,19 @@ def print_result(
     ok: bool,
     command: str = "diff",
     tail: str = "",
+    heading: bool = True,
 ) -> None:
     """Every demo's closing lines: what it injected, what it expected, what tracekit found.
 
     ``injected in v2: batch — …`` / ``expected: batch_queue (wait)`` / ``tracekit diff
     found: batch_queue (wait) ✓   gate: fail`` under a ``result`` rule, ✗ where it missed;
-    ``tail`` follows the mark. The texts are plain (escaped here, never markup).
+    ``tail`` follows the mark. The texts are plain (escaped here, never markup). A demo
+    with an expectation per target calls it once each, ``heading=False`` after the first.
     """
     from rich.markup import escape
 
-    _heading("result")
+    if heading:
+        _heading("result")
     out = Console(file=sys.stdout, highlight=False)
     out.print(f"injected in {escape(target)}: [bold]{escape(injected)}[/] — {escape(description)}")
     out.print(f"expected: {escape(expected)}")

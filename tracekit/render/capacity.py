@@ -15,6 +15,7 @@ from tracekit.analysis.capacity.model import (
     Batching,
     BatchOption,
     CapacityResult,
+    Overrun,
     Regime,
     ReleaseCapacity,
 )
@@ -60,7 +61,9 @@ def _regime_row(name: str, g: Regime) -> list[Any]:
         ms(g.p50_ms),
         ms(g.p95_ms),
         ms(g.p99_ms),
-        pct(g.miss_share),
+        # Missed of judged: the counts the verdict's sentence gives, never a share of
+        # another denominator (windows with too few requests are not judged).
+        f"{g.missed_windows} of {g.judged_windows}",
         pct(g.error_rate, 1),
     ]
 
@@ -105,11 +108,18 @@ def _code(text: str, md: bool) -> list[str]:
     return ["```", *body, "```"] if md else ["  " + line for line in body]
 
 
+def _overrun_line(o: Overrun) -> str:
+    return (
+        f"over the objective: {o.requests:,.0f} accepted requests ({pct(o.share)}), "
+        f"{o.excess_s:,.1f} s past it in all"
+    )
+
+
 def _release_lines(r: ReleaseCapacity, md: bool) -> list[str]:
     head = f"{r.label}: {r.verdict} — {r.reason}"
     lines = [("### " if md else "") + head, ""]
     lines += _table(
-        ["windows", "count", "requests", "p50", "p95", "p99", "miss", "errors"],
+        ["windows", "count", "requests", "p50", "p95", "p99", "missed/judged", "errors"],
         [_regime_row("normal", r.normal), _regime_row("peak", r.peak)],
         md,
     )
@@ -132,6 +142,7 @@ def _release_lines(r: ReleaseCapacity, md: bool) -> list[str]:
             else "headroom: no knee seen (the objective never broke, or never held) up to "
             f"{h.peak_rps_per_replica:,.1f} req/s per replica, the peak seen"
         ),
+        _overrun_line(r.overrun),
     ]
     if r.batching is not None:
         lines += _batching_lines(r.batching, md)

@@ -6,7 +6,8 @@ build_windows`: weighted arrival rate, replicas seen). Latency is that of *accep
 breaks the objective *misses*; one with fewer accepted requests than the quantile needs is
 not judged. Windows are *peak* above :data:`PEAK_FACTOR` × the median rate of the windows
 with requests, or, when that marks none, the top decile by rate (``peak_rule`` says which).
-A run of consecutive peak windows is a *spike*.
+A run of consecutive peak windows is a *spike*. The verdict's words and the ranking of
+releases live in :mod:`~tracekit.analysis.capacity.wording`.
 
 Cost is replica-seconds per 1,000 accepted requests (× the release's ``--replica-cost``
 per hour when given); GPU busy is, per replica, the union of its model-execution intervals
@@ -14,10 +15,12 @@ per hour when given); GPU busy is, per replica, the union of its model-execution
 is the same over the executions' wall intervals, the stand-in the verdict uses where no
 device time was measured (flag ``busy_from_wall_time``). The verdict:
 
-* ``inconclusive``: fewer than :data:`MIN_WINDOWS` judged windows, or no judged peak window;
-* ``latency_bound``: peak (or normal) windows miss in at least :data:`MISS_SHARE_BOUND` of them;
+* ``inconclusive``: fewer than :data:`~.wording.MIN_WINDOWS` judged windows, or no judged
+  peak window;
+* ``latency_bound``: peak (or normal) windows miss in at least
+  :data:`~.wording.MISS_SHARE_BOUND` of them;
 * ``cost_bound``: it meets the objective and the GPUs (else the executions) are busy less
-  than :data:`IDLE_GPU_BUSY`;
+  than :data:`~.wording.IDLE_GPU_BUSY`;
 * ``balanced`` otherwise (flag ``cost_not_judged`` when there are no model executions).
 """
 
@@ -35,19 +38,17 @@ from tracekit.analysis.autoscale.audit import build_windows
 from tracekit.analysis.autoscale.model import Slo, Window, min_requests_for
 from tracekit.analysis.capacity.batching import Executions, advise, read_executions
 from tracekit.analysis.capacity.model import (
-    BALANCED,
-    COST_BOUND,
-    INCONCLUSIVE,
-    LATENCY_BOUND,
     Batching,
     CapacityResult,
     Cost,
     Headroom,
+    Overrun,
     Regime,
     ReleaseCapacity,
     Spikes,
     WindowPoint,
 )
+from tracekit.analysis.capacity.wording import summary, verdict
 from tracekit.analysis.cohorts.release import ReleaseData, load_releases
 from tracekit.analysis.cohorts.stats import weighted_quantile, weighted_quantiles
 from tracekit.analysis.ingest.kineto_timeline import union_ns
@@ -59,13 +60,6 @@ PEAK_FACTOR = 1.5
 """A window is peak above this multiple of the median rate of windows with requests."""
 PEAK_TOP_SHARE = 0.1
 """When no window is above :data:`PEAK_FACTOR` × the median, the busiest tenth are peak."""
-MIN_WINDOWS = 6
-"""Judged windows (enough accepted requests) a verdict needs."""
-MISS_SHARE_BOUND = 0.1
-"""Share of judged peak (or normal) windows missing the objective that makes it latency-bound."""
-IDLE_GPU_BUSY = 0.4
-"""GPU busy fraction below which a release that meets the objective is cost-bound."""
-
 PEAK_RULE_FACTOR = f"above {PEAK_FACTOR:g}× the median rate"
 PEAK_RULE_TOP = "top decile"
 
@@ -133,7 +127,7 @@ def capacity(
         releases=releases,
         slo=slo.text,
         window_s=window_s,
-        summary=_summary(releases, slo),
+        summary=summary(releases, slo),
         flags=flags,
     )
 
@@ -252,6 +246,23 @@ def _regime(data: ReleaseData, tl: _Timeline, sel: BoolArray) -> Regime:
             float(data.weights[missed_rows].sum()) / weight_all if weight_all > 0 else None
         ),
         error_rate=weight_failed / weight_all if weight_all > 0 else None,
+        judged_windows=int(judged.sum()),
+        missed_windows=int((sel & tl.missed).sum()),
+    )
+
+
+def _overrun(data: ReleaseData, slo: Slo) -> Overrun:
+    """Accepted requests over the objective's threshold and their time past it, weighted."""
+    ok = ~data.is_error
+    latency, weights = data.duration_ms[ok], data.weights[ok]
+    over = latency > slo.threshold_ms
+    accepted = float(weights.sum())
+    slow = float(weights[over].sum())
+    excess_ms = float((weights[over] * (latency[over] - slo.threshold_ms)).sum())
+    return Overrun(
+        requests=slow,
+        share=slow / accepted if accepted > 0 else None,
+        excess_s=excess_ms / 1000.0,
     )
 
 
@@ -317,8 +328,9 @@ def _release(
     spikes = _spikes(data, tl, peak, median, normal)
     cost = _cost(data, tl, spans, replica_cost_per_h, service, flags)
     headroom = _headroom(tl)
+    overrun = _overrun(data, slo)
     batching = _batching(data, tl, peak, spans, queue_budget_ms, service, flags)
-    verdict, reason = _verdict(slo, tl, peak_regime, normal_regime, spikes, cost, flags)
+    word, reason = verdict(slo, peak_regime, normal_regime, spikes, cost, overrun, flags)
     points = [
         WindowPoint(
             start_s=w.start_s,
@@ -333,13 +345,14 @@ def _release(
     ]
     return ReleaseCapacity(
         label=data.label,
-        verdict=verdict,
+        verdict=word,
         reason=reason,
         normal=normal_regime,
         peak=peak_regime,
         spikes=spikes,
         cost=cost,
         headroom=headroom,
+        overrun=overrun,
         batching=batching,
         peak_rule=peak_rule,
         flags=flags,
@@ -469,162 +482,3 @@ def _batching(
     )
     flags.extend(more)
     return batching
-
-
-# --- verdict and summary -------------------------------------------------------------------
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
-
-
-def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0f} ms"
-
-
-def _money(x: float) -> str:
-    return f"${x:.2f}" if x >= 0.01 else f"${x:.4f}"
-
-
-def _cost_text(cost: Cost) -> str:
-    if cost.cost_per_1k is not None:
-        return f"{_money(cost.cost_per_1k)} per 1,000 requests"
-    if cost.replica_seconds_per_1k is not None:
-        return f"{cost.replica_seconds_per_1k:.1f} replica-seconds per 1,000 requests"
-    return "an unknown cost"
-
-
-def _busy_text(cost: Cost) -> str:
-    if cost.gpu_busy_fraction is not None:
-        return f"GPUs {_pct(cost.gpu_busy_fraction)} busy"
-    if cost.execution_busy_fraction is not None:
-        return f"model executions {_pct(cost.execution_busy_fraction)} busy (wall time)"
-    return "GPU busy unknown"
-
-
-def _judged_busy(cost: Cost) -> float | None:
-    """GPU busy, else execution busy (its stand-in where no device time was measured)."""
-    if cost.gpu_busy_fraction is not None:
-        return cost.gpu_busy_fraction
-    return cost.execution_busy_fraction
-
-
-def _verdict(
-    slo: Slo,
-    tl: _Timeline,
-    peak: Regime,
-    normal: Regime,
-    spikes: Spikes,
-    cost: Cost,
-    flags: list[Flag],
-) -> tuple[str, str]:
-    judged = int(tl.judged.sum())
-    min_req = min_requests_for(slo.quantile)
-    if judged < MIN_WINDOWS:
-        return INCONCLUSIVE, (
-            f"only {judged} window{'s' if judged != 1 else ''} had the {min_req} accepted "
-            f"requests {slo.label} needs; at least {MIN_WINDOWS} are needed for a verdict"
-        )
-    if peak.windows == 0 or peak.miss_share is None:
-        return INCONCLUSIVE, (
-            f"no peak window had the {min_req} accepted requests {slo.label} needs"
-        )
-    worst = max(peak.miss_share, normal.miss_share or 0.0)
-    if worst >= MISS_SHARE_BOUND:
-        overall = float(tl.missed.sum()) / judged
-        where = (
-            f"{_pct(peak.miss_share)} of peak windows against {_pct(normal.miss_share or 0.0)}"
-            " of normal ones"
-        )
-        spike_text = ""
-        if spikes.count and spikes.duration_s_p50 is not None:
-            lo, hi = spikes.duration_s_p50, spikes.duration_s_p90 or spikes.duration_s_p50
-            a, b = _secs(lo), _secs(hi)
-            span = f"{a} s" if a == b else f"{a}–{b} s"
-            ratio = f" at {spikes.rate_ratio:.1f}× the median rate" if spikes.rate_ratio else ""
-            spike_text = (
-                f"; {spikes.count} spike{'s' if spikes.count != 1 else ''} of {span}{ratio}"
-                f" push p95 to {_ms(spikes.p95_inside_ms)} against {_ms(spikes.p95_outside_ms)}"
-                " outside"
-            )
-        return LATENCY_BOUND, (
-            f"it misses {slo.text} in {_pct(overall)} of windows ({where}){spike_text}"
-        )
-    meets = (
-        f"it meets {slo.text} in peaks ({slo.label} {_ms(_regime_q(peak, slo))},"
-        f" misses in {_pct(peak.miss_share)} of peak windows)"
-    )
-    busy = _judged_busy(cost)
-    if busy is None:
-        flags.append(
-            Flag(
-                "cost_not_judged",
-                "no model executions were traced, so whether it is cost-bound is not judged",
-            )
-        )
-        return BALANCED, f"{meets} at {_cost_text(cost)}; GPU busy unknown, cost not judged"
-    if cost.gpu_busy_fraction is None:
-        flags.append(
-            Flag(
-                "busy_from_wall_time",
-                "cost judged on the model executions' wall time (no device time measured): an"
-                " upper bound of GPU busy where executions wait for the device",
-            )
-        )
-    if busy < IDLE_GPU_BUSY:
-        return COST_BOUND, (
-            f"{meets} with {_busy_text(cost)} (under {_pct(IDLE_GPU_BUSY)}) at {_cost_text(cost)}"
-        )
-    return BALANCED, f"{meets} with {_busy_text(cost)} at {_cost_text(cost)}"
-
-
-def _regime_q(regime: Regime, slo: Slo) -> float | None:
-    if slo.quantile >= 0.99:
-        return regime.p99_ms
-    return regime.p95_ms if slo.quantile >= 0.95 else regime.p50_ms
-
-
-_ORDER = {LATENCY_BOUND: 0, COST_BOUND: 1, BALANCED: 2, INCONCLUSIVE: 3}
-
-
-def _rank_key(r: ReleaseCapacity) -> tuple[int, float]:
-    if r.verdict == LATENCY_BOUND:
-        return 0, -(r.peak.miss_share or 0.0)
-    if r.verdict == COST_BOUND:
-        busy = _judged_busy(r.cost)
-        return 1, busy if busy is not None else 1.0
-    return _ORDER[r.verdict], 0.0
-
-
-def _summary(releases: list[ReleaseCapacity], slo: Slo) -> str:
-    """Which release binds the business first (latency-bound before cost-bound) and why."""
-    if len(releases) == 1:
-        r = releases[0]
-        return f"{r.label} is {r.verdict.replace('_', '-')}: {r.reason}"
-    ranked = sorted(releases, key=_rank_key)
-    first = ranked[0]
-    if first.verdict in (BALANCED, INCONCLUSIVE):
-        head = "nothing binds: " if first.verdict == BALANCED else "no release gives a verdict: "
-        return head + "; ".join(f"{r.label} {r.reason}" for r in ranked)
-    parts = [f"fix {first.label} first: {first.reason}"]
-    for r in ranked[1:]:
-        if r.verdict == LATENCY_BOUND:
-            parts.append(f"{r.label} is latency-bound too ({r.reason})")
-        elif r.verdict == INCONCLUSIVE:
-            parts.append(f"{r.label} is inconclusive ({r.reason})")
-        else:
-            parts.append(
-                f"{r.label} meets {slo.text} with {_busy_text(r.cost)}"
-                f" at {_cost_text(r.cost)} against {first.label}'s {_cost_text(first.cost)}"
-            )
-    text = "; ".join(parts)
-    if all(r.cost.cost_per_1k is None for r in releases):
-        text += " (costs unknown: no replica cost given)"
-    elif any(r.cost.cost_per_1k is None for r in releases):
-        text += " (money unknown where no replica cost was given)"
-    return text
-
-
-def _secs(v: float) -> str:
-    """A spike's duration as people read it: ``1.4``, ``12``."""
-    return f"{round(v, 1):g}" if v < 10 else f"{v:.0f}"

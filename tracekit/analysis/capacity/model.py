@@ -30,11 +30,15 @@ class Regime:
     requests: float
     """Weighted (estimated) requests, accepted or not."""
     miss_share: float | None
-    """Share of these windows whose objective quantile misses the objective."""
+    """``missed_windows`` ÷ ``judged_windows`` (None when none was judged)."""
     request_miss_share: float | None
     """Share of these windows' requests that arrived in a missing window."""
     error_rate: float | None
     """Failed ÷ all requests in these windows (failed requests are not accepted)."""
+    judged_windows: int = 0
+    """Windows with as many accepted requests as the objective's quantile needs."""
+    missed_windows: int = 0
+    """Judged windows whose objective quantile breaks the objective."""
 
 
 @dataclass
@@ -66,6 +70,19 @@ class Cost:
     ``busy_from_wall_time``); None without model executions."""
     replica_cost_per_h: float | None = None
     """The price per replica-hour this release's cost was computed with."""
+
+
+@dataclass
+class Overrun:
+    """Accepted requests slower than the objective's threshold, and by how much in all:
+    what ranks latency-bound releases (the most time past the objective first)."""
+
+    requests: float
+    """Weighted (estimated) accepted requests slower than the threshold."""
+    share: float | None
+    """``requests`` ÷ all accepted requests (None without any)."""
+    excess_s: float
+    """Σ weight × (latency − threshold) over those requests, in seconds."""
 
 
 @dataclass
@@ -124,12 +141,13 @@ class ReleaseCapacity:
     label: str
     verdict: str
     reason: str
-    """One sentence: why this verdict, with the numbers."""
+    """Why this verdict, with the numbers: full sentences, each ending with a full stop."""
     normal: Regime
     peak: Regime
     spikes: Spikes
     cost: Cost
     headroom: Headroom
+    overrun: Overrun
     batching: Batching | None
     peak_rule: str
     """Which windows are peak: ``top decile`` or ``above 1.5× the median rate``."""
