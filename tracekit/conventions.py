@@ -225,6 +225,10 @@ service, service_version, instance_id, pid, reason, trigger {trace_id, span_id, 
 duration_ms, rule}, captured [{trace_id, span_id, stage, start_ns, end_ns}]}``."""
 PROFILE_FILE_PREFIX: Final = "tracekit-profile-"
 """Capture files are ``tracekit-profile-<service>-<pid>-<n>-<profile_id>.pt.trace.json``."""
+PROFILE_MISSED: Final = "missed"
+"""Capture metadata key: slow executions (above a rule's threshold) it did not capture, <= 100."""
+PROFILE_MISSED_COUNT: Final = "missed_count"
+"""Key of a capture's metadata: how many slow executions it did not capture, all of them."""
 
 # --- training steps (docs/design.md, "Training steps") ----------------------------------
 RANK: Final = "tracekit.rank"

@@ -56,6 +56,8 @@ class Profiled:
             profile_on=profile_on,
             profile_dir=directory or self.directory,
         )
+        if PROFILER.rules:
+            until_watching()  # the rules measure nothing until the profiling thread warmed up
         return self
 
     def spans(self, name: str) -> list[ReadableSpan]:
@@ -93,6 +95,14 @@ def until(state: str | None, timeout_s: float = 10.0) -> None:
     while profiling.capture_state() != state:
         assert time.monotonic() < deadline, f"capture {profiling.capture_state()}, not {state}"
         time.sleep(0.02)
+
+
+def until_watching(timeout_s: float = 10.0) -> None:
+    """Wait for the rules to measure executions (the warm-up done, no capture in progress)."""
+    deadline = time.monotonic() + timeout_s
+    while profiling.watch_state() != "watching":
+        assert time.monotonic() < deadline, f"rules {profiling.watch_state()}, not watching"
+        time.sleep(0.01)
 
 
 def ids(span: ReadableSpan) -> tuple[str, str]:
@@ -166,6 +176,7 @@ def test_a_quantile_rule_fires_only_once_its_window_holds_enough_executions(
 ) -> None:
     profiled({"stage": "score", "above": "p99", "window": "5m"})
     watch = PROFILER.watches["score"]
+    watch.since = 0  # the executions below are made up, some of them before the rule was set
     now = time.time_ns()
 
     def run(ms: float, ended_ago_s: float = 0.0) -> Any:
@@ -559,3 +570,110 @@ def test_a_hostile_service_name_makes_a_short_safe_file_name_and_a_valid_file(
     assert len(path.name.encode()) < 255 and "/" not in path.name
     # Kineto writes metadata unescaped: a quote or a backslash must not break the file.
     assert profiled.meta(path)["service"] == "../../" + "x/" * 200 + "say 'hi'/   é"
+
+
+# --- start-up: the warm-up, and what the rule measures ---------------------------------------
+
+SERVICE = Path(__file__).with_name("profile_service.py")
+
+
+def _service(*args: str) -> dict[str, Any]:
+    """Run profile_service.py in a fresh interpreter (no torch._inductor, as a service)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(SERVICE), *args], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_a_steady_service_gets_no_capture_from_its_start_up(tmp_path: Path) -> None:
+    # 3 s of watching, not 10: the warm-up is done when the rule starts watching (asserted),
+    # and nothing else tracekit does at start-up comes later; the rest measures the app
+    out = _service("steady", str(tmp_path), "3")
+    assert out["states"][:2] == ["warming up", "watching"]  # armed only after the warm-up
+    assert out["captures"] == 0 and list(tmp_path.iterdir()) == []
+    assert not out["inductor"]  # the profiler never imported torch._inductor
+
+
+def test_slow_executions_after_start_up_are_captured_or_named_as_missed(tmp_path: Path) -> None:
+    out = _service("slow", str(tmp_path))
+    first, second, third = out["slow"]
+    assert out["captures"] == 2 and not out["inductor"]
+    files = sorted(tmp_path.iterdir(), key=lambda p: int(p.name.split("-")[-2]))
+    a, b = (json.loads(p.read_text())[cv.PROFILE_METADATA_KEY] for p in files)
+    assert a["trigger"]["trace_id"] == first and b["trigger"]["trace_id"] == third
+    assert [m["trace_id"] for m in a[cv.PROFILE_MISSED]] == [second]  # open while it waited
+    assert a[cv.PROFILE_MISSED_COUNT] == 1 and a[cv.PROFILE_MISSED][0]["duration_ms"] > 0
+    assert b[cv.PROFILE_MISSED] == [] and b[cv.PROFILE_MISSED_COUNT] == 0
+    assert len(a["captured"]) == len(b["captured"]) == profiling.DEFAULT_STEPS
+
+
+def test_executions_during_the_warm_up_never_fire_the_rule(
+    profiled: Profiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PROFILER, "warm", False)  # this process warmed up in an earlier test
+    warming, release = threading.Event(), threading.Event()
+    real = profiling._new_profile
+
+    def held(torch_module: Any) -> Any:
+        if threading.current_thread().name == "tracekit-profiler" and not release.is_set():
+            warming.set()
+            release.wait(10)
+        return real(torch_module)
+
+    monkeypatch.setattr(profiling, "_new_profile", held)
+    tracekit.configure(
+        service_name="prof-svc",
+        exporter=profiled.exporter,
+        profile_on={"stage": cv.MODEL_EXECUTE, "above_ms": 0, "steps": 1},
+        profile_dir=profiled.directory,
+    )
+    assert warming.wait(10)
+    execute(3)  # above 0 ms, all of them, during the warm-up
+    assert profiling.watch_state() == "warming up" and profiling.capture_state() is None
+    release.set()
+    until_watching()
+    execute()  # the first execution the rule measures fires it
+    assert profiling.capture_state() in ("preparing", "armed")
+    trigger = PROFILER.active.trigger  # type: ignore[union-attr]
+    assert trigger is not None
+    assert trigger["trace_id"] == ids(profiled.spans(cv.MODEL_EXECUTE)[-1])[0]
+
+
+def test_an_execution_that_overlapped_the_export_is_no_sample_and_no_trigger(
+    profiled: Profiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writing, release = threading.Event(), threading.Event()
+    real = profiling._export
+
+    def blocked(prof: Any, tmp: str, path: str) -> None:
+        writing.set()
+        release.wait(10)
+        real(prof, tmp, path)
+
+    monkeypatch.setattr(profiling, "_export", blocked)
+    profiled({"stage": cv.MODEL_EXECUTE, "above_ms": 0, "steps": 1})
+    inside, leave = threading.Event(), threading.Event()
+
+    def across() -> None:  # begins while the file is written, ends after
+        with tracekit.model_execution():
+            inside.set()
+            leave.wait(10)
+
+    execute()  # fires
+    until("armed")
+    execute()  # the captured one
+    assert writing.wait(5)
+    worker = threading.Thread(target=across)
+    worker.start()
+    assert inside.wait(5)
+    release.set()
+    assert PROFILER.wait(10) and profiling.watch_state() == "watching"
+    leave.set()
+    worker.join()  # above 0 ms, but it began while tracekit was at work
+    assert profiling.capture_state() is None and PROFILER.files == 1
+    execute()  # measured: fires the second
+    assert profiling.capture_state() is not None

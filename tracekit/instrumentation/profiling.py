@@ -21,8 +21,14 @@ whole story; what this module owns:
 The profiler records every thread (``profile_all_threads``): executions on other threads
 that begin while it runs count towards ``steps`` too, and those it saw only in part
 (already running when it started, or begun after its steps were taken) are listed under
-``overlapping``. torch is imported by the profiling thread only: when a rule is set in
-a process that has imported torch (to warm up), or when a capture is armed.
+``overlapping``. torch is imported by the profiling thread only when a capture is armed
+in a process that has not imported it.
+
+A rule measures only executions that tracekit left alone: it is armed once the profiling
+thread has warmed up (built one profiler, a few milliseconds, once torch is imported), and
+an execution that began before that, or while a capture was in progress (armed → file
+written), is neither a sample nor a trigger. While a capture waits or runs, the slow ones
+are named in its metadata (``missed``) instead of being dropped in silence.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ RUN_TIMEOUT_S = 60.0
 """A capture still running after this long is stopped and written with what ended."""
 ARM_TIMEOUT_S = 600.0
 """An armed capture whose stage has not run for this long is given up."""
+MAX_MISSED = 100
+"""Slow executions a capture names in ``missed`` (``missed_count`` counts them all)."""
 
 SIGNAL = getattr(signal, "SIGUSR2", None)
 """The signal that arms one on-demand capture (POSIX only)."""
@@ -283,10 +291,13 @@ def settings(
 class _Watch:
     """One watched stage: its rule's running threshold, and the capture it feeds."""
 
-    __slots__ = ("stage", "rule", "threshold_ns", "durations", "ends", "next", "capture")
+    __slots__ = ("stage", "rule", "threshold_ns", "durations", "ends", "next", "capture", "since")
 
-    def __init__(self, stage: str) -> None:
+    def __init__(self, stage: str, since: int) -> None:
         self.stage = stage
+        self.since = since
+        """Unix ns: an execution that began earlier overlapped tracekit's own work (the
+        warm-up, a capture, its file); _NEVER while that work goes on."""
         self.rule: Rule | None = None
         self.threshold_ns = _NEVER
         self.durations: list[int] | None = None
@@ -315,6 +326,11 @@ class _Watch:
                 return  # unsampled: a trigger must name a trace that exists
             end = span._end or 0
             duration = end - span._start
+            if span._start < self.since:
+                # tracekit's own work may have slowed it: not what the rule measures
+                if duration > self.threshold_ns:
+                    PROFILER.missed(self, span, duration)
+                return
             durations = self.durations
             if durations is not None:
                 # no lock: two threads racing here lose a sample, which a quantile survives
@@ -374,6 +390,8 @@ class _Capture:
         self.open: dict[trace.Span, int] = {}  # counted executions still running
         self.captured: list[dict[str, Any]] = []
         self.overlapping: list[dict[str, Any]] = []
+        self.missed: list[dict[str, Any]] = []  # slow executions it did not capture
+        self.missed_count = 0
         self.start_ns = self.end_ns = 0
         self.since = time.monotonic()  # armed at, then started at: for the timeouts
         self.service = "unknown_service"
@@ -442,7 +460,8 @@ class _Profiler:
         self.directory = os.path.abspath(DEFAULT_DIR)
         self.identity: Callable[[], Mapping[str, Any]] = _no_identity
         self.watches: dict[str, _Watch] = {}
-        self.warm = False  # torch._inductor imported: a first start would import it (~2 s)
+        self.warm = False  # the profiler built once: the rules may measure
+        self.since = _NEVER  # every watch's since (under the lock)
         self._fresh()
 
     def _fresh(self) -> None:
@@ -470,11 +489,12 @@ class _Profiler:
                 watch = self._watch(stage)
                 watch.set_rule(by_stage.get(stage))
                 self._sync(watch)
+            self._measure()  # a new rule learns from executions that begin from now
         if s.rules or s.signal:
             self.ensure_thread()
         if s.rules and not self.warm and "torch" in sys.modules:
-            # now, not in the incident that fires the rule; only once the app has imported
-            # torch, lest its import race this one (else the first arming warms up)
+            # only once the app has imported torch, lest its import race this one; else the
+            # profiling thread looks once a second
             self.jobs.put(("warm", None))
         if s.signal:
             _install_signal()
@@ -484,8 +504,29 @@ class _Profiler:
     def _watch(self, stage: str) -> _Watch:
         watch = self.watches.get(stage)
         if watch is None:
-            watch = self.watches[stage] = _Watch(stage)
+            watch = self.watches[stage] = _Watch(stage, self.since)
         return watch
+
+    def _measure(self) -> None:
+        """(Under the lock) The rules measure executions that begin from now, once warm and
+        while no capture is in progress; none until then."""
+        self.since = time.time_ns() if self.warm and self.active is None else _NEVER
+        for watch in self.watches.values():
+            watch.since = self.since
+
+    def missed(self, watch: _Watch, span: FastSpan, duration_ns: int) -> None:
+        """A slow execution that the capture in progress did not capture: named in its file."""
+        cap = self.active
+        if cap is None or cap.state not in (PREPARING, ARMED, RUNNING):
+            return  # its metadata is written already, or nothing is in progress
+        entry = _entry(span, watch.stage)
+        entry["duration_ms"] = duration_ns / 1e6
+        entry["threshold_ms"] = watch.threshold_ns / 1e6
+        with self.lock:
+            if cap.state in (PREPARING, ARMED, RUNNING):
+                cap.missed_count += 1
+                if len(cap.missed) < MAX_MISSED:
+                    cap.missed.append(entry)
 
     def _sync(self, watch: _Watch) -> None:
         """Hook the stage's end while a rule or a capture needs it (under the lock)."""
@@ -498,7 +539,10 @@ class _Profiler:
     def fire(self, watch: _Watch, span: FastSpan, duration_ns: int) -> None:
         """A rule's stage ended above its threshold (the request path)."""
         rule = watch.rule
-        if self.active is not None or rule is None or time.monotonic_ns() < self.blocked_until:
+        if self.active is not None:
+            self.missed(watch, span, duration_ns)  # armed by another thread meanwhile
+            return
+        if rule is None or time.monotonic_ns() < self.blocked_until:
             return
         trigger = {
             "trace_id": f"{span._trace[0]:032x}",
@@ -535,6 +579,7 @@ class _Profiler:
             cap = _Capture(reason, stages, steps, trigger, self.files, self.directory)
             self.active = cap
             self.idle.clear()
+            self._measure()  # from now until its file is written, no execution is measured
         self.ensure_thread()
         self.jobs.put(("prepare", cap))
         return True
@@ -571,6 +616,8 @@ class _Profiler:
                 now = time.monotonic()
                 if now >= next_refresh:
                     next_refresh = now + REFRESH_S
+                    if self.rules and not self.warm and "torch" in sys.modules:
+                        self._warm()  # the app imported torch after configure()
                     self.refresh()
                     self._timeouts(now)
             except Exception as exc:  # the thread must outlive any one job
@@ -583,16 +630,18 @@ class _Profiler:
             watch.refresh(now)
 
     def _warm(self) -> None:
-        """Import what the profiler's first start would (profiling thread)."""
+        """Build one profiler, which starts nothing, then let the rules measure (profiling
+        thread). A few milliseconds: what the first capture would import (the profiler's
+        modules), never torch._inductor (see :func:`_new_profile`)."""
         if self.warm:
             return
-        self.warm = True
-        with contextlib.suppress(Exception):
-            torch: Any = importlib.import_module("torch")
-            importlib.import_module("torch.profiler")
-            # prepare_trace() looks up torch._inductor, which imports it: ~1.5 s of CPU
-            # and ~70 MiB, here rather than on the request that starts the profiler
-            hasattr(torch, "_inductor")
+        try:
+            _new_profile(importlib.import_module("torch"))
+        except Exception as exc:  # the capture that needs it will say why
+            self._log_once("warm", "tracekit: profiler warm-up: %r", exc)
+        with self.lock:
+            self.warm = True
+            self._measure()
 
     def _prepare(self, cap: _Capture) -> None:
         try:
@@ -634,6 +683,8 @@ class _Profiler:
                 "trigger": cap.trigger,
                 "captured": cap.captured,
                 "overlapping": cap.overlapping,
+                cv.PROFILE_MISSED: cap.missed,
+                cv.PROFILE_MISSED_COUNT: cap.missed_count,
                 "steps": cap.steps,
                 "start_ns": cap.start_ns,
                 "end_ns": cap.end_ns,
@@ -747,6 +798,7 @@ class _Profiler:
         with self.lock:
             if self.active is cap:
                 self.active = None
+                self._measure()  # executions that began during the capture or its write are not
                 self.idle.set()
 
     def _log_once(self, key: str, message: str, *args: Any) -> None:
@@ -770,6 +822,7 @@ class _Profiler:
             self.started.clear()
             self.blocked_until = self.files = self.dropped = 0
             self.logged.clear()
+            self._measure()
         _uninstall_signal()
 
     def after_fork_in_child(self) -> None:
@@ -779,6 +832,7 @@ class _Profiler:
         for watch in self.watches.values():
             watch.capture = None
             self._sync(watch)
+        self._measure()
         if cap is not None and cap.state == RUNNING and not cap.cuda:
             # Not stopped here: a lock of the profiler's may be held by a thread the child
             # lacks. The child's profiling thread ends it, before any capture of its own
@@ -809,10 +863,52 @@ def _profiler_running() -> bool:
     return bool(getattr(module, "_is_profiler_enabled", False))
 
 
+def _inductor_loaded() -> bool:
+    """Whether the app has imported ``torch._inductor`` (torch.compile, or anything else)."""
+    return "torch._inductor" in sys.modules
+
+
+def _prepare_trace(self: Any) -> None:
+    """``prepare_trace`` of :func:`_profile_type`'s class: torch's own once the app has
+    imported torch._inductor; before, the same Kineto session without looking it up.
+
+    torch's reads inductor's CUDA-graph setting, and that look-up imports torch._inductor:
+    1–3 s holding the GIL, during which every request thread stalls (a 0.3 ms execution
+    took 20–40 ms). A process that has not imported it runs no inductor CUDA graphs, which
+    is all the setting is for (it stays False, as torch would find it)."""
+    import torch
+
+    if _inductor_loaded():
+        torch.profiler.profile.prepare_trace(self)
+        return
+
+    self.profiler = torch.autograd.profiler.profile(
+        use_cpu=True,
+        use_device=self.use_device,
+        record_shapes=self.record_shapes,
+        with_stack=self.with_stack,
+        use_kineto=True,
+        experimental_config=self.experimental_config,
+    )
+    self.profiler._prepare_trace()
+
+
+_PROFILE_TYPE: list[type] = []
+
+
+def _profile_type(torch: Any) -> type:
+    """``torch.profiler.profile`` whose start never imports torch._inductor."""
+    if not _PROFILE_TYPE:
+        base = torch.profiler.profile
+        _PROFILE_TYPE.append(type("_Profile", (base,), {"prepare_trace": _prepare_trace}))
+    return _PROFILE_TYPE[0]
+
+
 def _new_profile(torch: Any) -> tuple[Any, bool]:
     """A ``torch.profiler.profile`` recording every thread, and whether it records CUDA."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
+    profile = _profile_type(torch)
     cuda = bool(torch.cuda.is_available())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     config = None
@@ -878,6 +974,17 @@ def capture_state() -> str | None:
     ``stopping``, ``writing``), or None."""
     cap = PROFILER.active
     return cap.state if cap is not None else None
+
+
+def watch_state() -> str | None:
+    """Whether the rules measure executions now: ``warming up`` until the profiling thread
+    has warmed up (torch not imported yet, or a few milliseconds after), ``paused`` while a
+    capture is in progress (armed → written), else ``watching``; None without rules."""
+    if not PROFILER.rules:
+        return None
+    if not PROFILER.warm:
+        return "warming up"
+    return "paused" if PROFILER.since == _NEVER else "watching"
 
 
 def apply(s: Settings, identity: Callable[[], Mapping[str, Any]] = _no_identity) -> None:
