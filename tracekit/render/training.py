@@ -216,7 +216,7 @@ def diff_text(d: TrainingDiff, md: bool = False) -> str:
         "",
         f"samples/s {_num(d.before.samples_per_s)} → {_num(d.after.samples_per_s)}: "
         f"speed-up {_num(s.speedup, 2)}× of an ideal {_num(s.ideal, 2)}×, "
-        f"scaling efficiency {pct(s.efficiency)}",
+        f"scaling efficiency {pct(s.efficiency)} of ideal",
         f"mean step {ms(d.ideal_step_ms)} under ideal scaling",
         "",
     ]

@@ -374,7 +374,7 @@ def _verdict(
     head = f"{b.label} ({rank_count(b.world_size)}) → {a.label} ({rank_count(a.world_size)})"
     if speedup is None or efficiency is None:
         return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
-    gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%})"
+    gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%} of ideal)"
     same_work = loss.ideal / loss.after_same_work if loss.after_same_work > 0 else 1.0
     faster = (
         f" (compute ran {-loss.drift:.1f} ms per step faster with the same per-rank work; "

@@ -138,7 +138,7 @@ def scaling(diff: TrainingDiff) -> Figure:
             }
         ],
         "layout": _layout(
-            f"Throughput: scaling efficiency {eff}",
+            f"Throughput: scaling efficiency {eff} of ideal",
             320,
             yaxis={"title": {"text": "samples/s"}, "rangemode": "tozero", "gridcolor": "#eceff1"},
         ),
