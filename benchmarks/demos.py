@@ -26,6 +26,8 @@ from pathlib import Path
 
 DEMOS: dict[str, list[str]] = {
     "capacity": ["--capacity"],
+    "llm": ["--llm"],
+    "training": ["--training"],
 }
 """Demo name → the arguments of ``tracekit demo`` that run it (``--keep`` is added)."""
 

@@ -373,7 +373,7 @@ def _verdict(
     shares = {k: v / total for k, v in grown.items()} if total > 0 else dict.fromkeys(grown, 0.0)
     head = f"{b.label} ({rank_count(b.world_size)}) → {a.label} ({rank_count(a.world_size)})"
     if speedup is None or efficiency is None:
-        return TrainingVerdict(NONE, f"{head}: no step times to compare", FIXES[NONE], [], shares)
+        return TrainingVerdict(NONE, f"{head}: no step times to compare.", FIXES[NONE], [], shares)
     gain = f"{speedup:.2f}× of an ideal {ideal:.2f}× (scaling efficiency {efficiency:.0%} of ideal)"
     same_work = loss.ideal / loss.after_same_work if loss.after_same_work > 0 else 1.0
     faster = (
@@ -394,7 +394,7 @@ def _verdict(
         return TrainingVerdict(
             NONE,
             f"{head}: {gain}; no bottleneck — scaling is close to ideal (efficiency at least "
-            f"{EFFICIENT:.0%}){faster}",
+            f"{EFFICIENT:.0%}){faster}.",
             FIXES[NONE],
             [],
             shares,
@@ -406,7 +406,7 @@ def _verdict(
             COMPUTE,
             f"{head}: {gain}. No part of the step grew against ideal scaling: the step time "
             "scaled, the samples per step did not — check the samples each rank reports "
-            "(tracekit.step.samples) and the per-rank batch",
+            "(tracekit.step.samples) and the per-rank batch.",
             FIXES[COMPUTE],
             [],
             shares,
