@@ -1,5 +1,13 @@
 """Cost of profile on trigger (docs/profiling.md): off the trigger, and of one capture.
 
+Part 0, start-up. What ``configure(profile_on=...)`` costs the requests while the profiling
+thread warms up: a fresh process per run (the warm-up happens once per process) imports
+torch, calls a 512-wide MLP (batch 32, about 0.3 ms) once, configures tracekit with no
+rule (the baseline) or with the documented rule (``above_ms`` 20), then runs the model
+inside ``model_execution()`` back to back for ``--startup-s`` seconds; runs alternate, and
+each rule run's p99 is compared with the baseline run beside it. Also: how long after
+``configure()`` the rule started watching, and whether torch._inductor was imported.
+
 Part 1, off the trigger. The same stage (``with tracekit.stage("model_execute"):``
 around trivial work) is timed in one process with no ``profile_on`` (the baseline), with
 a fixed-threshold rule on it that never fires, and with a p99 rule on it, its ring
@@ -19,12 +27,15 @@ recording), and the last (whose thread stops the profiler after its span ended);
 how long the profiling thread took to write the file, and its size.
 
     .venv/bin/python benchmarks/profile_trigger.py [--stages 5000] [--rounds 30] [--captures 5]
+        [--startup-runs 3] [--startup-s 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +71,92 @@ def configure(profile_on: Rule | None, directory: str) -> None:
     # the same tracing set-up each time: only the profiling settings change
     tracekit.configure(
         service_name="bench", exporter=EXPORTER, profile_on=profile_on, profile_dir=directory
+    )
+
+
+# --- part 0: start-up -----------------------------------------------------------------
+
+
+def startup_child(with_rule: bool, seconds: float) -> None:
+    """One fresh process: configure, then executions back to back; prints JSON."""
+    import torch
+
+    from tracekit.instrumentation.profiling import watch_state
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)
+    )
+    x = torch.randn(32, 512)
+    with torch.no_grad():
+        model(x)  # the model's one-off first call, before serving
+    with tempfile.TemporaryDirectory() as directory:
+        rule = {"stage": cv.MODEL_EXECUTE, "above_ms": 20, "max_per_hour": 2}
+        t_configure = time.perf_counter()
+        configure(rule if with_rule else None, directory)
+        ms: list[float] = []
+        watching = None
+        while time.perf_counter() - t_configure < seconds:
+            if watching is None and watch_state() == "watching":
+                watching = time.perf_counter() - t_configure
+            t0 = time.perf_counter()
+            with torch.no_grad(), tracekit.model_execution():
+                model(x)
+            ms.append((time.perf_counter() - t0) * 1000)
+        captures = PROFILER.files
+    ms.sort()
+    print(
+        json.dumps(
+            {
+                "p50": ms[len(ms) // 2],
+                "p99": ms[int(len(ms) * 0.99)],
+                "max": ms[-1],
+                "n": len(ms),
+                "watching_ms": None if watching is None else watching * 1000,
+                "captures": captures,
+                "inductor": "torch._inductor" in sys.modules,
+            }
+        )
+    )
+    tracekit.shutdown()
+
+
+def startup_cost(runs: int, seconds: float) -> None:
+    def run(variant: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, __file__, "--startup-child", variant, "--startup-s", str(seconds)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return out
+
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for _ in range(runs):
+        rows.append((run("none"), run("rule")))
+    print(
+        f"start-up: {runs} x 2 fresh processes, {seconds:g} s of a 512-wide MLP (batch 32) "
+        "back to back from configure(); wall ms per execution"
+    )
+    print(
+        f"{'run':<5}{'no rule p50':>12}{'p99':>8}{'max':>8}{'rule p50':>10}{'p99':>8}{'max':>8}"
+        f"{'p99 ratio':>11}{'watching after ms':>19}{'captures':>10}"
+    )
+    ratios = []
+    for i, (base, rule) in enumerate(rows, 1):
+        ratio = rule["p99"] / base["p99"]
+        ratios.append(ratio)
+        watching = "never" if rule["watching_ms"] is None else f"{rule['watching_ms']:.1f}"
+        print(
+            f"{i:<5}{base['p50']:>12.3f}{base['p99']:>8.3f}{base['max']:>8.1f}{rule['p50']:>10.3f}"
+            f"{rule['p99']:>8.3f}{rule['max']:>8.1f}{ratio:>11.2f}{watching:>19}"
+            f"{rule['captures']:>10}"
+        )
+    inductor = any(r["inductor"] for _, r in rows)
+    verdict = "ok" if statistics.median(ratios) <= 2 else "OVER TARGET"
+    print(
+        f"p99 with the rule / without, median of runs: {statistics.median(ratios):.2f} "
+        f"(target <= 2: {verdict}); torch._inductor imported: {'yes' if inductor else 'no'}\n"
     )
 
 
@@ -216,15 +313,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--captures", type=int, default=5)
     ap.add_argument("--steps", type=int, default=profiling.DEFAULT_STEPS)
     ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--skip-capture", action="store_true", help="part 1 only")
+    ap.add_argument("--skip-capture", action="store_true", help="no part 2")
+    ap.add_argument("--startup-runs", type=int, default=3, help="fresh processes per variant")
+    ap.add_argument("--startup-s", type=float, default=2.0, help="seconds each one serves")
+    ap.add_argument("--startup-child", choices=("none", "rule"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.startup_child:
+        startup_child(args.startup_child == "rule", args.startup_s)
+        return 0
+    if args.startup_runs:
+        startup_cost(args.startup_runs, args.startup_s)
     import torch
 
-    # what configure() with a rule has the profiling thread import (the profiler's first
-    # start would): done here, first, so that it competes with no timing below
+    # torch.compile's import, which a profiler start would make only where the app has made
+    # it already: done here, first, so that no timing below depends on it
     t0 = time.perf_counter()
     hasattr(torch, "_inductor")
-    print(f"warm-up (torch._inductor import, once per process): {time.perf_counter() - t0:.2f} s\n")
+    print(f"torch._inductor import (not tracekit's): {time.perf_counter() - t0:.2f} s\n")
     with tempfile.TemporaryDirectory() as directory:
         off_trigger(args.stages, args.rounds, directory)
         if not args.skip_capture:
