@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEMOS: dict[str, list[str]] = {
+    "serving": [],  # make demo: the batch regression, found and failed by the gate
+    "none": ["--regression", "none"],  # no change: verdict none and the gate passes
     "capacity": ["--capacity"],
     "llm": ["--llm"],
     "training": ["--training"],

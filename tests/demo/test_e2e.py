@@ -71,6 +71,25 @@ def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
         assert verdict.primary_stage in regression.expected_stages, message
 
 
+def test_the_demo_gate_never_fails_no_change_and_fails_the_batch_regression(store: Path) -> None:
+    # The demo's own budgets (settings.GATE_BUDGETS), on this module's smaller run (240
+    # requests a release, where `tracekit demo` sends ~660): no change never fails and
+    # its estimates sit well inside every budget (a demo-sized run then decides "pass":
+    # benchmarks/demos.py tallies `tracekit demo --regression none`); the batch
+    # regression fails them.
+    from tracekit.demo import settings
+    from tracekit.units import parse_duration_ms
+
+    effect = parse_duration_ms(settings.GATE_MIN_EFFECT)
+    with Analysis.open(store) as analysis:
+        same = analysis.gate("v1", "v2-none", budgets=settings.GATE_BUDGETS, min_effect_ms=effect)
+        batch = analysis.gate("v1", "v2-batch", budgets=settings.GATE_BUDGETS, min_effect_ms=effect)
+    messages = [c.message for c in same.checks]
+    assert str(same.result) in ("pass", "inconclusive"), messages
+    assert all(abs(c.observed) < c.budget / 2 for c in same.checks), messages
+    assert str(batch.result) == "fail", [c.message for c in batch.checks]
+
+
 def test_every_command_speaks_one_vocabulary_on_the_demo_store(
     store: Path, vocabulary, capsys: pytest.CaptureFixture[str]
 ) -> None:

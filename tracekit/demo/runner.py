@@ -45,6 +45,7 @@ from tracekit.demo.processes import ServiceProcess, child_environment
 from tracekit.demo.regressions import DEFAULT_REGRESSION, Regression, get_regression
 from tracekit.errors import TracekitError
 from tracekit.outputs import claim_output_dir
+from tracekit.units import parse_duration_ms
 
 DEFAULT_DURATION_S = env.DEFAULT_DURATION_S
 DEFAULT_RATE = env.DEFAULT_RATE
@@ -381,8 +382,20 @@ def report(
         diff = analysis.diff(BEFORE, AFTER)  # no verdict, no demo: this one may raise
         assert isinstance(diff, DiffResult)  # v1 and v2 are releases, not training runs
         show(diff)
-        _heading(f"tracekit gate --before {BEFORE} --after {AFTER}")
-        gate = step("gate", lambda: analysis.gate(BEFORE, AFTER))
+        budgets = " ".join(f"--budget '{b}'" for b in env.GATE_BUDGETS)
+        _heading(
+            f"tracekit gate --before {BEFORE} --after {AFTER} {budgets} "
+            f"--min-effect {env.GATE_MIN_EFFECT}"
+        )
+        gate = step(
+            "gate",
+            lambda: analysis.gate(
+                BEFORE,
+                AFTER,
+                budgets=env.GATE_BUDGETS,
+                min_effect_ms=parse_duration_ms(env.GATE_MIN_EFFECT),
+            ),
+        )
         if gate is not None:
             show(gate)
         objective = f"p95<{slo}ms"
@@ -414,14 +427,19 @@ def report(
     matched = kind == regression.expected_kind and (
         not regression.expected_stages or stage in regression.expected_stages
     )
+    found = kind if kind == "none" else f"{stage} ({kind})"
+    tail = f"gate: {gate_word}"
+    if not regression.expected_stages:  # no change: the gate must pass it, too
+        expected, found, tail = f"{expected}, gate pass", f"{found}, gate {gate_word}", ""
+        matched = matched and gate_word == "pass"
     print_result(
         target=AFTER,
         injected=regression.name,
         description=regression.description,
         expected=expected,
-        found=kind if kind == "none" else f"{stage} ({kind})",
+        found=found,
         ok=matched,
-        tail=f"gate: {gate_word}",
+        tail=tail,
     )
 
 
