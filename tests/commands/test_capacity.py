@@ -99,3 +99,15 @@ def test_bad_options_are_one_line_exit_2(
     assert main([*ARGS, *extra, "--db", str(db)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert any(needle in line for line in err), err
+
+
+def test_help_keeps_each_example_line_and_fits_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["capacity", "--help"])
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    # A continued example stays two lines: the backslash ends the first.
+    assert '--slo "p95<100ms" \\\n      --replica-cost A=4.00/h --replica-cost B=1.20/h' in out

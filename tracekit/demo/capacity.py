@@ -243,6 +243,15 @@ def run_capacity_load(
             f"client p50 {s['p50_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms"
             + (f", [red]{load.failed} failed {load.errors}[/]" if load.failed else "")
         )
+        lag_ms = s["max_send_lag_ms"]
+        if lag_ms > ALIGN_S * 1000:
+            # Sent later than a block's margin: it may spill into the next window, and
+            # the windows no longer hold one block each, as the verdicts assume.
+            console.print(
+                f"[yellow]{r.label}: the machine was too busy for the load generator: "
+                f"requests left up to {lag_ms / 1000:.1f} s late (a block's margin is "
+                f"{ALIGN_S:g} s), so some blocks spilled out of their windows[/]"
+            )
     files = {r.label: [r.ranker_file, r.pricing_file] for r in releases}
     with console.status("ingesting traces…"):
         skipped = ingest(db, [f for fs in files.values() for f in fs])
