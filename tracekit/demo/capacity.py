@@ -250,7 +250,7 @@ def run_capacity_load(
             console.print(
                 f"[yellow]{r.label}: the machine was too busy for the load generator: "
                 f"requests left up to {lag_ms / 1000:.1f} s late (a block's margin is "
-                f"{ALIGN_S:g} s), so some blocks spilled out of their windows[/]"
+                f"{ALIGN_S:g} s), so a block may have spilled out of its window[/]"
             )
     files = {r.label: [r.ranker_file, r.pricing_file] for r in releases}
     with console.status("ingesting traces…"):
