@@ -51,6 +51,9 @@ _KIND_ENUM = {
     "CONSUMER": 5,
 }
 _STATUS_ENUM = {"UNSET": 0, "OK": 1, "ERROR": 2}
+# The OpenTracing reference type on a link (tracekit.analysis.ingest.jaeger.REF_TYPE_ATTR,
+# spelled out: the builder must not import the analyzer).
+_REF_TYPE = "opentracing.ref_type"
 
 AttrValue = str | bool | int | float | Sequence[Any] | Mapping[str, Any]
 
@@ -177,6 +180,9 @@ class RequestBuilder:
         attributes: Mapping[str, AttrValue] | None = None,
         error: bool = False,
         host: str | None = None,
+        links: Sequence[SpanRef | RequestBuilder] = (),
+        follows_from: bool = False,
+        parentless: bool = False,
     ) -> SpanRef:
         """A plain span under ``parent`` (default: the request span).
 
@@ -185,9 +191,17 @@ class RequestBuilder:
         that service's own, absent by default); ``host`` runs that service on another
         host (default: the builder's). ``start_ms=None`` builds a span without
         timestamps, as some broken exporters send.
+
+        ``links``: spans it links to. ``follows_from``: its tie to ``parent`` is a
+        FOLLOWS_FROM reference, written as the OpenTelemetry Collector translates a
+        Jaeger one: the parent, and a link to it with ``opentracing.ref_type``
+        ``follows_from``. ``parentless``: no parent at all, a second root of the trace
+        (with ``links`` into it: a span reached only by a link).
         """
-        if isinstance(parent, str):
-            parent_id: str | None = parent
+        if parentless:
+            parent_id: str | None = None
+        elif isinstance(parent, str):
+            parent_id = parent
         else:
             parent_id = (parent or self).span_id
         attrs = dict(attributes or {})
@@ -214,7 +228,10 @@ class RequestBuilder:
             resource=resource,
             attributes=attrs,
             status="ERROR" if error else "UNSET",
+            links=[(m.trace_id, m.span_id, {}) for m in links],
         )
+        if follows_from and parent_id is not None:
+            ref.links.append((self.trace_id, parent_id, {_REF_TYPE: "follows_from"}))
         self.builder.spans.append(ref)
         return ref
 

@@ -106,6 +106,7 @@ def test_demo_shaped_requests_attribute_as_the_reference_does(store: Store) -> N
     assert_same(store)
 
 
+_REF = "opentracing.ref_type"
 _STAGE_CHOICES = [None, None, None, cv.PREPROCESS, cv.MODEL_EXECUTE, cv.DOWNSTREAM, "custom"]
 _KIND_CHOICES = ["SERVER", "INTERNAL", "CLIENT", "PRODUCER", "CONSUMER"]
 
@@ -115,6 +116,8 @@ def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
     tid = f"{trace_no:032x}"
     ids = [f"{rnd.getrandbits(64):016x}" for _ in range(n)]
     fallback = rnd.random() < 0.25
+    # time units around the walk's back-to-back tolerance: overlaps within it, beyond it
+    unit = rnd.choice([1, cp.BACK_TO_BACK_NS // 4, cp.BACK_TO_BACK_NS, 10 * cp.BACK_TO_BACK_NS])
     rows = []
     for i in range(n):
         if i == 0:
@@ -127,6 +130,16 @@ def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
         end = start + rnd.choice([0, rnd.randint(0, 40), rnd.randint(0, 120)])
         if rnd.random() < 0.05:
             end = start - rnd.randint(1, 5)
+        start, end = start * unit + rnd.randint(0, 2), end * unit
+        links = []
+        if rnd.random() < 0.08 and parent is not None:  # FOLLOWS_FROM, as the Collector has it
+            links.append({"trace_id": tid, "span_id": parent, "attributes": {_REF: "follows_from"}})
+        if rnd.random() < 0.08:  # a link into the trace (reaches the span only if parentless)
+            links.append({"trace_id": tid, "span_id": rnd.choice(ids), "attributes": {}})
+        if rnd.random() < 0.04:  # a link elsewhere, or a child_of one: no matter
+            other = rnd.choice([f"{trace_no + 1:032x}", tid])
+            ref = {_REF: "child_of"} if other == tid else {}
+            links.append({"trace_id": other, "span_id": rnd.choice(ids), "attributes": ref})
         no_ts = rnd.random() < 0.01
         stage = None if fallback else rnd.choice(_STAGE_CHOICES)
         batch = rnd.random() < 0.04
@@ -158,14 +171,14 @@ def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
                 1.0,
                 json.dumps(attrs),
                 "{}",
-                "[]",
+                json.dumps(links) if links else rnd.choice([None, "[]"]),
                 "random",
             )
         )
     return rows
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_random_trees_attribute_as_the_reference_does(store: Store, seed: int) -> None:
     rnd = random.Random(seed)
     rows = [r for k in range(700) for r in _random_rows(rnd, seed * 10_000 + k)]
@@ -199,3 +212,68 @@ def test_refresh_in_batches_of_traces_writes_what_one_batch_does(
     ids = sorted(whole)[:50]
     per_request.refresh(store, ids)
     assert stored(store) == whole
+
+
+def test_the_reference_type_is_the_jaeger_readers() -> None:
+    from tracekit.analysis.ingest.jaeger import REF_TYPE_ATTR
+
+    assert _REF == REF_TYPE_ATTR
+
+
+def _path_ms(store: Store) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for tid, stage, crit in store.run("SELECT trace_id, stage, critical_ns FROM request_stages"):
+        if crit:
+            out.setdefault(tid, {})[stage] = crit / 1e6
+    return out
+
+
+def test_edge_traces_built_for_each_rule_attribute_as_the_reference_does(store: Store) -> None:
+    b = TraceBuilder(service="api", version="v1", seed=11)
+    tol_ms = cp.BACK_TO_BACK_NS / 1e6
+    got: dict[str, dict[str, float]] = {}
+
+    def back_to_back(overlap_ms: float) -> str:
+        r = b.request(duration_ms=100)
+        r.stage(cv.BATCH_QUEUE, start_ms=0, duration_ms=50 + overlap_ms)
+        r.stage(cv.MODEL_EXECUTE, start_ms=50, duration_ms=50)
+        return r.trace_id
+
+    within, beyond = back_to_back(tol_ms), back_to_back(2 * tol_ms)
+    # a message: produced in preprocess, consumed (and worked on) by another service
+    r = b.request(duration_ms=100)
+    pre = r.stage(cv.PREPROCESS, start_ms=0, duration_ms=30)
+    send = r.span("send", start_ms=20, duration_ms=5, kind="PRODUCER", parent=pre)
+    handle = r.span(
+        "handle", start_ms=24, duration_ms=90, kind="CONSUMER", parent=send, service="worker"
+    )
+    r.stage(cv.MODEL_EXECUTE, start_ms=30, duration_ms=60, parent=handle)
+    r.stage(cv.POSTPROCESS, start_ms=30, duration_ms=40)
+    message = r.trace_id
+    # follows-from: an audit write the request started but did not wait for
+    r = b.request(duration_ms=100)
+    a = r.stage(cv.PREPROCESS, start_ms=0, duration_ms=40)
+    audit = r.span("audit", start_ms=35, duration_ms=60, parent=a, follows_from=True)
+    r.span("audit write", start_ms=40, duration_ms=50, parent=audit)
+    follows = r.trace_id
+    # a parentless span in the trace, reached only by a link to the request
+    r = b.request(duration_ms=100)
+    r.stage(cv.PREPROCESS, start_ms=0, duration_ms=20)
+    r.span("callback", start_ms=30, duration_ms=60, parentless=True, links=[r], stage="custom")
+    linked = r.trace_id
+    b.load(store)
+    assert_same(store)
+    got = _path_ms(store)
+    assert got[within] == {cv.BATCH_QUEUE: 50, cv.MODEL_EXECUTE: 50}
+    assert got[beyond] == {cv.UNATTRIBUTED: 50, cv.MODEL_EXECUTE: 50}
+    assert got[message] == {cv.PREPROCESS: 30, cv.POSTPROCESS: 40, cv.UNATTRIBUTED: 30}
+    assert got[follows] == {cv.PREPROCESS: 40, cv.UNATTRIBUTED: 60}
+    assert got[linked] == {cv.PREPROCESS: 20, cv.UNATTRIBUTED: 80}
+    # what the request did not wait for is not its time at all: no wall, not skew
+    stages = {s for (s,) in store.run("SELECT stage FROM request_stages")}
+    assert cv.MODEL_EXECUTE in stages and "custom" not in stages
+    assert store.run(
+        "SELECT count(*) FROM request_stages WHERE trace_id = ? AND stage = ?",
+        [message, cv.MODEL_EXECUTE],
+    ) == [(0,)]
+    assert store.run("SELECT sum(skewed_spans) FROM requests") == [(0,)]

@@ -8,14 +8,23 @@ the work is a few numpy operations per tree *level* over all traces' spans of th
 level, so a batch costs O(spans · log spans) plus a constant per level.
 
 How the walk becomes array operations. In the reference, a span's children are taken
-in the order (end descending, start, index); a child is on the path when it starts
-before the cursor, and the cursor then moves to its start. The cursor before child k
-is therefore ``min(upper bound of the parent, starts of all children before k)`` —
-a child skipped earlier started at or after the cursor, so including it changes
-nothing — which is a segmented prefix minimum, computed for every parent of a level
-in one ``np.minimum.accumulate`` (segments kept apart by rank offsets). A child's
-upper bound is ``min(its end, that cursor)``; the parent is charged the gaps between
-its path children and the stretch from its start to the last cursor.
+in the order (end descending, start, index); the next child on the path is the first
+in that order that is *eligible* at the cursor: it ended by the cursor (within
+``BACK_TO_BACK_NS``) and started before it, i.e. ``q = max(end - tolerance, start + 1)``
+is at most the cursor; the cursor then moves to its start. A child's successor
+therefore depends on its own start only: it is the first sibling, in that order, whose
+``q`` is at most that start (no sibling before it can be eligible there, or the walk
+would have taken it first). With the children of a tree level sorted by (parent, end
+desc, start, index), "the first sibling with ``q`` at most x" is a binary search on the
+segmented running minimum of ``q`` — one ``np.searchsorted`` for all children at once.
+The chain of each parent (its first child, at the parent's bound, then successor after
+successor) is marked by pointer doubling in log2(longest chain) steps. A child on the
+path is truncated to the cursor before it; the parent is charged the gaps between its
+path children and the stretch from its start to the last cursor.
+
+A CONSUMER under a PRODUCER, and a span tied to its trace only by FOLLOWS_FROM or a
+link (``follows``), is never made anyone's child: it and its subtree stay out, as in
+the reference.
 
 A background span (a DDP bucket) enters the walk from its parent's last background
 launch, as in the reference: ``ws`` holds those walk starts (the clipped start
@@ -34,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
-from tracekit.analysis.attribution.critical_path import fallback_stage_name
+from tracekit.analysis.attribution.critical_path import BACK_TO_BACK_NS, fallback_stage_name
 
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
@@ -71,6 +80,12 @@ class SpanArrays:
     stage_names: list[str]
     background: B | None = None
     """Launched in the background (``tracekit.comm.async``); None: no span is."""
+    is_producer: B | None = None
+    """PRODUCER kind (None: no span is)."""
+    is_consumer: B | None = None
+    """CONSUMER kind (None: no span is)."""
+    follows: B | None = None
+    """Tied to its trace only by FOLLOWS_FROM or a link (see ``TraceInput.follows``)."""
 
 
 def _empty() -> I64:
@@ -118,27 +133,53 @@ def _segment_starts(keys: I64) -> B:
     return first
 
 
-def _seg_prefix_min_excl(values: I64, first: B) -> tuple[I64, B]:
-    """Per row: the minimum of ``values`` over earlier rows of its segment.
+def _first_at_most(values: I64, first: B) -> Callable[[I64, I64], I64]:
+    """A search: for (segment numbers, limits), the first row of each segment whose
+    value is at most the limit; -1 where none is.
 
-    Segments start where ``first`` is set; returns (minimum, has_earlier). Values
-    are replaced by their ranks and each segment is lifted above the ones after it, so
-    one running minimum over the whole array never crosses a segment boundary.
+    Segments start where ``first`` is set. The running minimum of each segment falls
+    monotonically, so with values replaced by their ranks and each segment lifted by its
+    number, one sorted key answers every query with one ``np.searchsorted``.
     """
     n = len(values)
-    if n == 0:
-        return values.copy(), np.zeros(0, dtype=bool)
     uniq, rank = np.unique(values, return_inverse=True)
     m = len(uniq) + 1
     seg_no = np.cumsum(first) - 1
-    lifted = rank.astype(np.int64) + (seg_no[-1] - seg_no) * m
-    run = np.minimum.accumulate(lifted)
-    excl = np.empty(n, dtype=np.int64)
-    excl[0] = 0
-    excl[1:] = run[:-1]
-    has = ~first
-    out = uniq[np.clip(excl - (seg_no[-1] - seg_no) * m, 0, len(uniq) - 1)]
-    return out.astype(np.int64), has
+    last = int(seg_no[-1]) if n else 0
+    # earlier segments lifted above later ones: one running minimum restarts at each
+    run = np.minimum.accumulate(rank.astype(np.int64) + (last - seg_no) * m)
+    key = seg_no * m + (m - 1 - (run - (last - seg_no) * m))
+    seg_end = np.append(np.flatnonzero(first)[1:], n)
+
+    def find(seg: I64, limit: I64) -> I64:
+        below = np.searchsorted(uniq, limit, side="right")  # values at most the limit
+        pos = np.searchsorted(key, seg * m + (m - below), side="left")
+        return np.where(pos < seg_end[seg], pos, -1).astype(np.int64)
+
+    return find
+
+
+def _chains(starts: I64, succ: I64) -> B:
+    """Rows reached from ``starts`` by following ``succ`` (-1: the chain ends).
+
+    Pointer doubling: ``jumps[k]`` is the 2**k-th successor; a stretch of 2**(k+1)
+    rows from x is the stretch of 2**k from x plus the one from ``jumps[k][x]``.
+    """
+    jumps = [succ]
+    while True:
+        j = jumps[-1]
+        has = j >= 0
+        if not has.any():
+            break
+        nxt = np.full(len(j), -1, dtype=np.int64)
+        nxt[has] = j[j[has]]
+        jumps.append(nxt)
+    mark = np.zeros(len(succ), dtype=bool)
+    mark[starts] = True
+    for j in reversed(jumps[:-1]):
+        to = j[mark]
+        mark[to[to >= 0]] = True
+    return mark
 
 
 def _seg_prefix_max_excl(values: I64, first: B) -> tuple[I64, B]:
@@ -226,6 +267,13 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
     tp = np.full(n, -1, dtype=np.int64)
     attached = np.zeros(n, dtype=bool)
     member = in_valid & ~s.is_batch & (idx != root_row)
+    # Not waited for (a CONSUMER under a PRODUCER, FOLLOWS_FROM or a link only): no one's
+    # child, so the walk never reaches it or its subtree.
+    detached = np.zeros(n, dtype=bool) if s.follows is None else s.follows.copy()
+    if s.is_consumer is not None and s.is_producer is not None:
+        has_p = np.flatnonzero(s.is_consumer & (s.parent >= 0))
+        detached[has_p] |= s.is_producer[s.parent[has_p]]
+    member &= ~detached
     with_parent = member & (s.parent >= 0)
     tp[with_parent] = s.parent[with_parent]
     orphan = member & (s.parent < 0)
@@ -346,24 +394,32 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
                 active = (j >= 0) & ~found
             top[c[new[~found]]] = True
 
-        # The walk: children by (parent, end desc, start, index); the cursor before a
-        # child is the parent's bound or an earlier sibling's start, whichever is less.
+        # The walk: children by (parent, end desc, start, index); each parent's chain
+        # starts at its first child eligible at its bound and goes successor by successor.
         w = np.lexsort((c, st, -en, p))
         c, p, st, en = c[w], p[w], st[w], en[w]
         firsts = _segment_starts(p)
-        prev_min, has_prev = _seg_prefix_min_excl(st, firsts)
-        cursor = np.where(has_prev, np.minimum(upper[p], prev_min), upper[p])
-        sel = on_path[p] & (st < cursor)
+        find = _first_at_most(np.maximum(en - BACK_TO_BACK_NS, st + 1), firsts)
+        seg = np.cumsum(firsts) - 1
+        succ = find(seg, st)
+        heads = p[firsts]
+        live = np.flatnonzero(on_path[heads])
+        head = find(live, upper[heads[live]])
+        live, head = live[head >= 0], head[head >= 0]
+        sel = _chains(head, succ)
+        # the cursor before each path child: the parent's bound, then its predecessor's start
+        cursor = np.zeros(len(c), dtype=np.int64)
+        cursor[head] = upper[heads[live]]
+        pred = np.flatnonzero(sel & (succ >= 0))
+        cursor[succ[pred]] = st[pred]
         on_path[c] = sel
-        u = np.minimum(en, cursor)
+        u = np.where(sel, np.minimum(en, cursor), en)
         upper[c] = u
         cursor_end[c] = u
         if sel.any():
             np.add.at(crit, p[sel], cursor[sel] - u[sel])
-        # The last cursor of each parent: its bound or its children's earliest start.
-        seg_min = np.minimum.reduceat(st, np.flatnonzero(firsts))
-        parents = p[firsts]
-        cursor_end[parents] = np.minimum(cursor_end[parents], seg_min)
+            # the last cursor of each parent: its last path child's start
+            np.minimum.at(cursor_end, p[sel], st[sel])
         frontier = level
         levels.append(frontier)
 

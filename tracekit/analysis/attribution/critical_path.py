@@ -5,12 +5,26 @@ and returns a :class:`TraceAnalysis`, or a skip reason. It never touches the sto
 :mod:`tracekit.analysis.attribution.per_request` feeds it in bulk and :mod:`tracekit.analysis.attribution.explain`
 uses its per-span results to draw a waterfall.
 
-The walk is the last-finishing-child walk of Jaeger UI and Uber's CRISP: from the
-request's end, repeatedly take the child that finishes last before the cursor, recurse
-into it, and charge the gaps between children on the path to the parent. Children
-overflowing their parent (clock skew between hosts) are clipped to it first; children
-entirely outside are ignored with their subtrees. The path partitions the root's
-interval exactly, so stage times add up to the request's duration in integer ns.
+The walk is Jaeger UI's (``TracePage/CriticalPath``): from the request's end, take the
+child that *ended* last before the cursor, walk into it, move the cursor to its start,
+repeat; the gaps between children on the path are the parent's. A child still running
+at the cursor overlapped a sibling already on the path and is off it. Where tracekit
+differs, on purpose:
+
+- a child ending up to :data:`BACK_TO_BACK_NS` after the cursor still counts as ended
+  (Jaeger wants strictly before): back-to-back children whose clocks touch or overlap
+  by that much stay on the path, truncated to the cursor;
+- of children ending together the one that started first (the longer) is taken, where
+  Jaeger takes whichever comes first in the trace.
+
+Off the path with their subtrees, as Jaeger leaves them: a CONSUMER under a PRODUCER
+(the message was handled later, elsewhere; the request did not wait for it) and a span
+tied to its trace only by a FOLLOWS_FROM reference or a link (:attr:`TraceInput.follows`).
+They are not part of the request: no stage time, not skew, not orphans.
+
+Children overflowing their parent (clock skew between hosts) are clipped to it first;
+children entirely outside are ignored with their subtrees. The path partitions the
+root's interval exactly, so stage times add up to the request's duration in integer ns.
 
 A background span (``tracekit.comm.async``: a collective launched while its stage went
 on computing, as DDP buckets during ``backward``) enters the walk from its parent's last
@@ -43,6 +57,15 @@ SKIP_NO_ROOT = "no_root"
 """Skip reason: every span has a parent inside the trace (a cycle)."""
 
 _DOWNSTREAM_KINDS = frozenset({"CLIENT", "PRODUCER"})
+
+BACK_TO_BACK_NS = 1_000
+"""1 µs: how far a child may end after the cursor and still count as ended before it.
+
+Back-to-back children read one clock, so the later one starts at or after the earlier
+one's end; an overlap up to this much is rounding, not concurrency (Jaeger keeps
+microseconds, so a span rounded to the nearest one can end 1 µs into the next; an SDK
+converting a float clock to ns can overlap by a few ns). Siblings in a worker pool or a
+fan-out overlap by far more and stay off the path, as in Jaeger UI."""
 _FALLBACK_NAME_MAX = 48
 # Path/name segments that look like ids (numbers, hex with a digit, UUIDs) become {id},
 # so "GET /users/123" and "GET /users/456" are one stage.
@@ -76,6 +99,10 @@ class TraceInput:
     """``http.route`` when present; used only by the fallback stages."""
     background: list[bool] | None = None
     """Launched in the background (``tracekit.comm.async``: a DDP bucket); None: none is."""
+    follows: list[bool] | None = None
+    """Tied to the trace only by a FOLLOWS_FROM reference (a link to its parent whose
+    ``opentracing.ref_type`` is ``follows_from``) or, parentless, by a link into its own
+    trace: caused by the request, not waited for. None: no span is."""
 
 
 @dataclass(slots=True)
@@ -116,6 +143,9 @@ class TraceAnalysis:
     ignored: int = 0
     orphans_attached: int = 0
     orphans_dropped: int = 0
+    detached: int = 0
+    """Spans left off the path with their subtrees (a CONSUMER under a PRODUCER, a span
+    reached only by FOLLOWS_FROM or a link): the subtrees' tops."""
     fallback: bool = False
     """True when stages were derived from span names/kinds (no ``tracekit.stage`` at all)."""
 
@@ -182,18 +212,27 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
         re_ = rs
 
     children: dict[int, list[int]] = {}
-    parent = t.parent
+    parent, kind = t.parent, t.kind
+    follows = t.follows or [False] * n
+    detached = 0
     for i in range(n):
         pid = parent[i]
         if pid is not None and i != root and not is_batch[i]:
             j = index.get(pid)
-            if j is not None:
+            if j is None:
+                continue
+            if follows[i] or (kind[i] == "CONSUMER" and kind[j] == "PRODUCER"):
+                # Not waited for: off the path, its subtree with it (never reached below).
+                detached += 1
+            else:
                 children.setdefault(j, []).append(i)
     attached = dropped = 0
     for i in roots:
         if i == root or is_batch[i]:
             continue
-        if rs <= start[i] and end[i] <= re_:
+        if follows[i]:
+            detached += 1
+        elif rs <= start[i] and end[i] <= re_:
             children.setdefault(root, []).append(i)
             attached += 1
         else:
@@ -292,6 +331,7 @@ def analyse_trace(t: TraceInput) -> TraceAnalysis | str:
         ignored=ignored,
         orphans_attached=attached,
         orphans_dropped=dropped,
+        detached=detached,
         fallback=fallback,
     )
 
@@ -348,11 +388,12 @@ def _walk(
 ) -> list[tuple[int, int, int]]:
     """The last-finishing-child walk, iterative so deep traces cannot hit the recursion limit.
 
-    Each frame is [span, lo, cursor, children by end descending, next child]; the next
-    child on the path is the last-finishing one that started before the cursor, its end
-    truncated to the cursor. Since the cursor only moves earlier, a child skipped once
-    (it started at or after the cursor) stays ineligible: it ran wholly concurrently with
-    a sibling already on the path, which is exactly the time that is not charged.
+    Each frame is [span, lo, cursor, children by end descending, next child]. The next
+    child on the path is the first in that order that ended by the cursor (give or take
+    :data:`BACK_TO_BACK_NS`) and started before it; its end is truncated to the cursor.
+    A child passed over once stays off the path, since the cursor only moves earlier: it
+    was still running when a sibling already on the path started (or lies wholly after
+    the cursor, within the tolerance), so that sibling, not it, held the parent up.
     """
     segments: list[tuple[int, int, int]] = []
     empty: list[int] = []
@@ -366,11 +407,7 @@ def _walk(
             c = ks[k]
             k += 1
             c_start = cs[c]
-            if c_start < cursor:
-                # A child still running at the cursor overlapped the sibling already on the
-                # path; only its part before the cursor can be critical. Truncating (rather
-                # than skipping it) keeps back-to-back stages whose clocks overlap by a few
-                # ns from vanishing into the parent's "unattributed" time.
+            if c_start < cursor and ce[c] - BACK_TO_BACK_NS <= cursor:
                 c_end = min(ce[c], cursor)
                 if c_end < cursor:
                     segments.append((span, c_end, cursor))

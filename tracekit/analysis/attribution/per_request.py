@@ -21,6 +21,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
+from tracekit.analysis.ingest.jaeger import REF_TYPE_ATTR
 from tracekit.analysis.store import DatabaseError, Store, iter_chunks, schema_sql
 from tracekit.errors import QueryError
 
@@ -28,6 +29,20 @@ from tracekit.errors import QueryError
 # a span as a call out of the process for the fallback stages.
 # Lead: please move these into tracekit/conventions.py (DB_SYSTEM, DB_SYSTEM_NAME).
 _DB_SYSTEM_KEYS = (cv.DB_SYSTEM, cv.DB_SYSTEM_NAME)
+
+
+# A span tied to its trace only by FOLLOWS_FROM (a link naming its parent with
+# opentracing.ref_type follows_from, as the OpenTelemetry Collector translates a Jaeger
+# FOLLOWS_FROM parent) or, parentless, only by a link into its own trace: the walk
+# leaves it and its subtree off the path (critical_path.TraceInput.follows). {n} is the
+# spans table's alias; most spans have no links and stop at the first test.
+_FOLLOWS_SQL = """CASE WHEN {n}links IS NULL OR length({n}links::VARCHAR) <= 2 THEN false
+  ELSE coalesce(len(list_filter(from_json({n}links, $link_shape), lambda l:
+    CASE WHEN {n}parent_span_id IS NULL THEN l.trace_id = {n}trace_id
+         ELSE l.span_id = {n}parent_span_id
+              AND json_extract_string(l.attributes, $ref_type) = 'follows_from' END)) > 0,
+    false) END"""
+_LINK_SHAPE = '[{"trace_id": "VARCHAR", "span_id": "VARCHAR", "attributes": "JSON"}]'
 
 
 def json_path(key: str) -> str:
@@ -48,11 +63,12 @@ SELECT trace_id, span_id, parent_span_id, name, kind, status_code,
             OR json_extract_string(attributes, $db2) IS NOT NULL END AS is_db,
        CASE WHEN stage IS NULL THEN json_extract_string(attributes, $route) END AS route,
        coalesce(TRY_CAST(json_extract_string(attributes, $async_path) AS BOOLEAN), false)
-         AS background
+         AS background,
+       {follows} AS follows
 FROM spans
 WHERE $all OR trace_id IN (SELECT trace_id FROM ids)
 ORDER BY trace_id, span_id
-"""
+""".format(follows=_FOLLOWS_SQL.format(n=""))
 
 _DELETE_SQL = """
 DELETE FROM {table}
@@ -95,6 +111,8 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
         "db2": json_path(_DB_SYSTEM_KEYS[1]),
         "route": json_path(cv.HTTP_ROUTE),
         "async_path": json_path(cv.COMM_ASYNC),
+        "link_shape": _LINK_SHAPE,
+        "ref_type": json_path(REF_TYPE_ATTR),
     }
     try:
         with trace_ids_table(store, ids):
@@ -117,6 +135,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
     c["gpu_ns"] = [None if v < 0 else v for v in c["gpu_ns"]]
     c["is_db"] = [bool(v) for v in c["is_db"]]
     c["background"] = [bool(v) for v in c["background"]]
+    c["follows"] = [bool(v) for v in c["follows"]]
     c["parent"] = c.pop("parent_span_id")
     c["service"] = c.pop("service_name")
     return c
@@ -140,6 +159,7 @@ def trace_input(c: dict[str, list[Any]], lo: int, hi: int) -> cp.TraceInput:
         is_db=c["is_db"][lo:hi],
         route=c["route"][lo:hi],
         background=c["background"][lo:hi],
+        follows=c["follows"][lo:hi],
     )
 
 
@@ -158,7 +178,7 @@ _ATTR_SQL = """
 CREATE OR REPLACE TEMP TABLE _tk_attr AS
 WITH sel AS (
     SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, service_name,
-           stage, time_kind, cpu_time_ns, gpu_time_ns, attributes
+           stage, time_kind, cpu_time_ns, gpu_time_ns, attributes, links
     FROM spans
     WHERE $all OR trace_id IN (SELECT trace_id FROM _tk_ids)
 ),
@@ -182,6 +202,8 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        coalesce(list_position($kinds, n.time_kind) - 1, -1)::BIGINT AS tk,
        n.svc,
        n.kind = 'SERVER' AS is_server, n.kind IN ('CLIENT', 'PRODUCER') AS is_outcall,
+       n.kind = 'PRODUCER' AS is_producer, n.kind = 'CONSUMER' AS is_consumer,
+       {follows} AS follows,
        -- A substring test first: parsing every span's attributes costs more than the walk.
        n.name = $batch_name OR (contains(n.attributes::VARCHAR, $batch_key)
             AND coalesce(json_exists(n.attributes, $batch_path), false)) AS is_batch,
@@ -196,13 +218,14 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        contains(n.attributes::VARCHAR, $async_key) AND coalesce(TRY_CAST(
             json_extract_string(n.attributes, $async_path) AS BOOLEAN), false) AS background
 FROM num n LEFT JOIN num p ON p.trace_id = n.trace_id AND p.span_id = n.parent_span_id
-"""
+""".format(follows=_FOLLOWS_SQL.format(n="n."))
 
 _ARRAYS_SQL = """
 SELECT first_of_trace, parent_row, has_ts, start_ns, end_ns,
        coalesce(list_position($stages, stage) - 1, -1)::BIGINT AS stage_code,
        tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns,
-       coalesce(background, false) AS background
+       coalesce(background, false) AS background, coalesce(is_producer, false) AS is_producer,
+       coalesce(is_consumer, false) AS is_consumer, follows
 FROM _tk_attr ORDER BY row
 """
 
@@ -267,6 +290,8 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         "route_key": cv.HTTP_ROUTE,
         "async_key": cv.COMM_ASYNC,
         "async_path": json_path(cv.COMM_ASYNC),
+        "link_shape": _LINK_SHAPE,
+        "ref_type": json_path(REF_TYPE_ATTR),
     }
     try:
         with trace_ids_table(store, ids):
@@ -301,6 +326,9 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         gpu_ns=col("gpu_ns", np.int64),
         stage_names=stages,
         background=col("background", bool),
+        is_producer=col("is_producer", bool),
+        is_consumer=col("is_consumer", bool),
+        follows=col("follows", bool),
     )
 
 
