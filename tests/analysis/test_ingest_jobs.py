@@ -118,8 +118,7 @@ def test_strict_stops_at_the_same_file_with_the_same_error(tmp_path):
         with pytest.raises(IngestError) as caught:
             ingest([folder], store=tmp_path / f"s{jobs}.duckdb", strict=True, jobs=jobs)
         errors.append(str(caught.value))
-        with open_store(tmp_path / f"s{jobs}.duckdb", read_only=True) as s:
-            assert s.run("SELECT count(*) FROM spans") == [(0,)]
+        assert not (tmp_path / f"s{jobs}.duckdb").exists()  # a failed ingest leaves no store
     assert errors[0] == errors[1] and "rank 1 again" in errors[0]
 
 
