@@ -58,7 +58,7 @@ def test_malformed_lines_exit_2_naming_file_and_line(tmp_path: Path, capsys) -> 
     assert main(["ingest", str(path), "--db", str(tmp_path / "t.duckdb")]) == 2
     captured = capsys.readouterr()
     assert f"{path}:2: invalid JSON" in captured.err
-    assert "1 spans (1 new)" in captured.out and "skipped 1" in captured.out
+    assert "1 span (1 new)" in captured.out and "skipped 1" in captured.out
 
 
 def test_strict_and_missing_paths_are_one_line_errors(tmp_path: Path, capsys) -> None:

@@ -120,10 +120,9 @@ class IngestReport:
         """``ingested 3 files: 1,234 spans (1,200 new) in 150 traces; releases v1, v2; problems: …``"""
         releases = ", ".join(self.releases) if self.releases else "none labelled"
         problems = ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items())) or "none"
-        files = "file" if self.files == 1 else "files"
         text = (
-            f"ingested {self.files} {files}: {self.spans_read:,} spans "
-            f"({self.spans_stored:,} new) in {self.traces:,} traces; "
+            f"ingested {_count(self.files, 'file')}: {_count(self.spans_read, 'span')} "
+            f"({self.spans_stored:,} new) in {_count(self.traces, 'trace')}; "
             f"releases: {releases}; problems: {problems}"
         )
         if self.profiles:
@@ -132,10 +131,15 @@ class IngestReport:
                 f" ({self.profiles_stored:,} new)"
             )
         if self.stages_derived:
-            text += f"; stages derived from attributes for {self.stages_derived:,} requests"
+            text += f"; stages derived from attributes for {_count(self.stages_derived, 'request')}"
         if self.skipped:
             text += f"; skipped {self.skipped:,}"
         return text
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 trace``, ``1,234 traces``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 class ProblemLog:
