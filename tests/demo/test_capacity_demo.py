@@ -154,3 +154,15 @@ def test_result_lines_mark_each_expectation(capsys: pytest.CaptureFixture[str]) 
     # No result at all (the analysis failed): nothing holds, nothing is invented.
     assert capacity.print_verdict(None) is False
     assert capsys.readouterr().out.count("✗") == 2
+
+
+@pytest.mark.slow
+def test_capacity_speaks_the_one_vocabulary(run: Run, vocabulary) -> None:
+    vocabulary.check(run.out, "tracekit demo --capacity")
+    args = ["capacity", "--version", "A", "--version", "B", "--slo", capacity.SLO]
+    args += ["--window", f"{capacity.WINDOW_S}s", "--db", str(run.workdir / capacity.DB_NAME)]
+    for fmt in ("table", "markdown"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main([*args, "--format", fmt]) == 0
+        vocabulary.check(out.getvalue(), f"tracekit capacity --format {fmt}")

@@ -322,3 +322,21 @@ def test_a_smaller_kv_cache_is_named_a_queue_wait(run: Run) -> None:
     # the e2e verdict is a sentence that names the engine's queue, not a bare stage name
     text = " ".join(run.out.split())  # the renderer wraps at 80 columns
     assert "the issue is requests waiting in the engine's queue." in text, run.out
+
+
+METRICS = ("e2e", "ttft", "tpot")
+
+
+@pytest.mark.slow
+def test_every_llm_command_speaks_the_one_vocabulary(run: Run, vocabulary) -> None:
+    vocabulary.check(run.out, "tracekit demo --llm")
+    db = ["--db", str(run.workdir / demo.DB_NAME)]
+    commands = [["summary"], ["slow", "--version", "v2"]]
+    commands += [["diff", "--before", "v1", "--after", "v2", "--metric", m] for m in METRICS]
+    commands += [["gate", "--before", "v1", "--after", "v2", "--metric", "ttft"]]
+    for command in commands:
+        for fmt in ("table", "markdown"):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                assert cli.main([*command, "--format", fmt, *db]) in (0, 1, 3)
+            vocabulary.check(out.getvalue(), f"tracekit {' '.join(command)} --format {fmt}")
