@@ -141,17 +141,30 @@ def test_jaeger_api_envelope_maps_ids_times_tags_references(store, tmp_path: Pat
     client = got["GET /price"]
     assert client[3] == "CLIENT" and client[6] == "ERROR" and client[7] == "pricing"
     audit = got["audit"]
-    # FOLLOWS_FROM in the same trace is the parent; the cross-trace CHILD_OF is a link
+    # FOLLOWS_FROM in the same trace is the parent and stays a link too (so attribution
+    # leaves the span off the request's path); the cross-trace CHILD_OF is a link
     assert audit[2] == "00000000000000a1"
-    (link,) = json.loads(audit[11])
-    assert link == {
-        "trace_id": "0" * 16 + "f" * 16,
-        "span_id": "00000000000000ee",
-        "attributes": {"opentracing.ref_type": "child_of"},
-    }
+    assert json.loads(audit[11]) == [
+        {
+            "trace_id": "0" * 16 + TRACE64,
+            "span_id": "00000000000000a1",
+            "attributes": {"opentracing.ref_type": "follows_from"},
+        },
+        {
+            "trace_id": "0" * 16 + "f" * 16,
+            "span_id": "00000000000000ee",
+            "attributes": {"opentracing.ref_type": "child_of"},
+        },
+    ]
     # the audit span ends 15 ms after its parent in the same process: one clock, so
     # not skew, but past the tolerance: an overrun, kept and counted
     assert report.counts == {"overrun": 1}
+    # The request did not wait for what FOLLOWS_FROM it: off the path, so never clipped
+    # into the request (a child would have been, as a span overflowing its parent).
+    from tracekit.analysis.attribution import per_request
+
+    per_request.refresh(store, None)
+    assert store.con.execute("SELECT skewed_spans FROM requests").fetchall() == [(0,)]
 
 
 def test_single_trace_object_and_span_array_shapes(store, tmp_path: Path) -> None:

@@ -71,7 +71,8 @@ def _notes(e: Explanation) -> list[str]:
         )
     if e.skewed_spans:
         notes.append(
-            f"{e.skewed_spans} span(s) overflowed their parent (clock skew) and were clipped."
+            f"{e.skewed_spans} span(s) overflowed their parent and were clipped to it (clock "
+            "skew between hosts, or a server span outliving its client call)."
         )
     if e.hidden_spans:
         notes.append(

@@ -27,7 +27,6 @@ from tracekit.errors import QueryError
 
 # Database-client attributes (OTel semantic conventions, old and new names) that mark
 # a span as a call out of the process for the fallback stages.
-# Lead: please move these into tracekit/conventions.py (DB_SYSTEM, DB_SYSTEM_NAME).
 _DB_SYSTEM_KEYS = (cv.DB_SYSTEM, cv.DB_SYSTEM_NAME)
 
 

@@ -13,7 +13,8 @@ inline ``process``), whose tags become resource attributes.
 References: the first ``CHILD_OF`` within the same trace is the parent. A span with no
 such reference but a ``FOLLOWS_FROM`` one takes the first of those as its parent too
 (it was caused by that span, and the Jaeger UI draws it there); this keeps it in its
-request's tree instead of making it a second root. Every other reference becomes a
+request's tree instead of making it a second root, and the reference is kept as a link
+too, so the walk knows the request did not wait for it. Every other reference becomes a
 link with ``opentracing.ref_type`` set, as the OpenTelemetry Jaeger translator does.
 """
 
@@ -229,7 +230,9 @@ def _checked_span(
             parent = normalize_id(ref.get("spanID"), SPAN_HEX, origin, line)
             break
     for ref in refs:
-        if ref is chosen:
+        # A FOLLOWS_FROM parent stays a link too (the OpenTelemetry Collector's translation
+        # keeps both): attribution leaves such a span off the request's critical path.
+        if ref is chosen and str(ref.get("refType", "")).upper() != "FOLLOWS_FROM":
             continue
         links.append(
             {
