@@ -308,3 +308,24 @@ def test_bandwidth_headers_name_no_unit_the_figures_do_not_have(tmp_path):
     head = next(ln for ln in steps.splitlines() if ln.startswith("collectives ("))
     assert "in GB/s" not in head and "1 GB/s = 10⁹ bytes/s" in head
     assert all(line == line.rstrip() for line in steps.splitlines())
+
+
+def test_a_training_gate_writes_junit_and_its_report_as_a_serving_gate_does(tmp_path):
+    # --junit and --html were silently ignored on two training runs.
+    import xml.etree.ElementTree as ET
+
+    from tracekit.cli import main
+
+    with _store(tmp_path, transfer_ms=40.0):
+        pass
+    junit, html = tmp_path / "gate.xml", tmp_path / "report.html"
+    budgets = ["--budget", "step_ms.p50<=+10%", "--budget", "samples_per_s>=100"]
+    args = ["gate", "--before", "8gpu", "--after", "64gpu", *budgets, "--db"]
+    args += [str(tmp_path / "t.duckdb"), "--junit", str(junit), "--html", str(html)]
+    assert main(args) == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "2"
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert set(cases) == {"step_ms.p50<=+10%", "samples_per_s>=100"}
+    assert cases["step_ms.p50<=+10%"].find("failure") is not None
+    assert "64gpu" in html.read_text(encoding="utf-8")

@@ -104,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
     )
     with open_analysis(args, releases=(args.before, args.after)) as analysis:
         result = analysis.gate(args.before, args.after, min_effect_ms=args.min_effect, **options)
-        code = EXIT_CODES[result.result]
-        if args.html and not isinstance(result, TrainingGateResult):
-            page = analysis.report(args.before, args.after, gate=result, **options)
+        if args.html:  # two training runs: their report (steps per rank, scaling)
+            serving = None if isinstance(result, TrainingGateResult) else result
+            page = analysis.report(args.before, args.after, gate=serving, **options)
             write_page(args.html, page, args, option="--html", inputs=inputs)
+    code = EXIT_CODES[result.result]
     if isinstance(result, TrainingGateResult):  # its JSON carries the exit code
         result = dataclasses.replace(result, exit_code=code)
-    elif args.junit:
+    if args.junit:
         write_output(args.junit, render_junit(result), option="--junit", inputs=inputs)
     if args.markdown:
         write_output(args.markdown, render(result, "markdown"), option="--markdown", inputs=inputs)

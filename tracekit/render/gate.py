@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracekit.analysis.gate.evaluate import GateResult
 from tracekit.analysis.gate.model import GateCheck
 from tracekit.analysis.gate.wording import observed_text
+from tracekit.analysis.training.gate import TrainingGateResult
 from tracekit.render.common import (
     as_text,
     markdown_table,
@@ -191,50 +192,67 @@ def render_markdown(result: GateResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_junit(result: GateResult) -> str:
-    """JUnit XML: ``<testsuites>`` holding one ``<testsuite name="tracekit gate">``.
+def render_junit(result: GateResult | TrainingGateResult) -> str:
+    """JUnit XML: ``<testsuites>`` holding one ``<testsuite name="tracekit gate">``, one
+    test case per budget (a training gate's budgets on samples/s, step time or
+    efficiency too).
 
     Names and messages pass through :func:`printable`: XML 1.0 cannot carry most control
     characters at all, and CI pages show these strings as they are.
     """
-    counts = {r: sum(c.result == r for c in result.checks) for r in ICONS}
+    if isinstance(result, TrainingGateResult):
+        props = [("before", result.before), ("after", result.after), ("result", result.result)]
+        cases = [
+            (f"tracekit.gate.training.{c.metric}", c.budget, c.result, c.message)
+            for c in result.checks
+        ]
+        return _junit("tracekit gate (training)", props, cases, [])
+    props = [
+        ("before", result.before.label),
+        ("after", result.after.label),
+        ("confidence", f"{result.confidence:g}"),
+        ("correction", result.correction),
+        ("result", result.result),
+    ]
+    cases = [(f"tracekit.gate.{c.metric}", c.name, c.result, c.message) for c in result.checks]
+    lines = [result.summary] + [f"warning: {w.message}" for w in result.warnings]
+    return _junit(f"tracekit gate{metric_label(result.metric)}", props, cases, lines)
+
+
+def _junit(
+    name: str,
+    props: Sequence[tuple[str, str]],
+    cases: Sequence[tuple[str, str, str, str]],
+    out_lines: Sequence[str],
+) -> str:
+    """The XML of one suite: ``cases`` are (classname, name, outcome, message)."""
+    counts = {r: sum(outcome == r for _, _, outcome, _ in cases) for r in ICONS}
     attrs = {
-        "tests": str(len(result.checks)),
+        "tests": str(len(cases)),
         "failures": str(counts["fail"]),
         "errors": "0",
         "skipped": str(counts["inconclusive"]),
         "time": "0",
     }
     root = ET.Element("testsuites", {"name": "tracekit", **attrs})
-    suite = ET.SubElement(
-        root, "testsuite", {"name": f"tracekit gate{metric_label(result.metric)}", **attrs}
-    )
-    props = ET.SubElement(suite, "properties")
-    for name, value in (
-        ("before", printable(result.before.label)),
-        ("after", printable(result.after.label)),
-        ("confidence", f"{result.confidence:g}"),
-        ("correction", result.correction),
-        ("result", result.result),
-    ):
-        ET.SubElement(props, "property", {"name": name, "value": value})
-    for c in result.checks:
+    suite = ET.SubElement(root, "testsuite", {"name": name, **attrs})
+    properties = ET.SubElement(suite, "properties")
+    for key, value in props:
+        ET.SubElement(properties, "property", {"name": key, "value": printable(str(value))})
+    for classname, case_name, outcome, text in cases:
         case = ET.SubElement(
-            suite,
-            "testcase",
-            {"classname": f"tracekit.gate.{c.metric}", "name": printable(c.name), "time": "0"},
+            suite, "testcase", {"classname": classname, "name": printable(case_name), "time": "0"}
         )
-        message = printable(c.message)
-        if c.result == "fail":
+        message = printable(text)
+        if outcome == "fail":
             failure = ET.SubElement(case, "failure", {"message": message, "type": "BudgetExceeded"})
             failure.text = message
-        elif c.result == "inconclusive":
+        elif outcome == "inconclusive":
             ET.SubElement(case, "skipped", {"message": f"inconclusive: {message}"})
         else:
             ET.SubElement(case, "system-out").text = message
-    out = ET.SubElement(suite, "system-out")
-    lines = [result.summary] + [f"warning: {w.message}" for w in result.warnings]
-    out.text = "\n".join(printable(line) for line in lines)
+    if out_lines:
+        ET.SubElement(suite, "system-out").text = "\n".join(printable(x) for x in out_lines)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
