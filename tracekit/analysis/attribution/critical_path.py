@@ -154,11 +154,15 @@ class TraceAnalysis:
         return self.clipped + self.ignored
 
 
+def mask_ids(text: str) -> str:
+    """``text`` with runs of white space made one and id-like segments (numbers, hex with a
+    digit, UUIDs) made ``{id}``: ``GET /users/123`` and ``GET /users/456`` are one name."""
+    return _ID_SEGMENT.sub("{id}", _SPACES.sub(" ", text.strip()))
+
+
 def fallback_stage_name(name: str, route: str | None) -> str:
     """A user stage named after an operation: route or span name, lower-cased, ids masked."""
-    text = _SPACES.sub(" ", (route or name).strip().lower())
-    text = _ID_SEGMENT.sub("{id}", text)
-    return text[:_FALLBACK_NAME_MAX] or cv.UNATTRIBUTED
+    return mask_ids((route or name).lower())[:_FALLBACK_NAME_MAX] or cv.UNATTRIBUTED
 
 
 def _fallback_stage(
