@@ -323,9 +323,8 @@ def test_executions_on_other_threads_are_captured_and_the_partly_seen_listed(
     assert "other-thread" in names
 
 
-def test_the_request_never_waits_for_the_profile_to_be_written(
-    profiled: Profiled, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _block_export(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold every profile's file write until ``release`` is set; ``writing`` says one began."""
     writing, release = threading.Event(), threading.Event()
     real = profiling._export
 
@@ -335,6 +334,13 @@ def test_the_request_never_waits_for_the_profile_to_be_written(
         real(prof, tmp, path)
 
     monkeypatch.setattr(profiling, "_export", blocked)
+    return writing, release
+
+
+def test_the_request_never_waits_for_the_profile_to_be_written(
+    profiled: Profiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writing, release = _block_export(monkeypatch)
     profiled({"stage": cv.MODEL_EXECUTE, **NEVER})
     assert tracekit.profile_next(steps=1)
     until("armed")
@@ -646,15 +652,7 @@ def test_executions_during_the_warm_up_never_fire_the_rule(
 def test_an_execution_that_overlapped_the_export_is_no_sample_and_no_trigger(
     profiled: Profiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writing, release = threading.Event(), threading.Event()
-    real = profiling._export
-
-    def blocked(prof: Any, tmp: str, path: str) -> None:
-        writing.set()
-        release.wait(10)
-        real(prof, tmp, path)
-
-    monkeypatch.setattr(profiling, "_export", blocked)
+    writing, release = _block_export(monkeypatch)
     profiled({"stage": cv.MODEL_EXECUTE, "above_ms": 0, "steps": 1})
     inside, leave = threading.Event(), threading.Event()
 

@@ -16,10 +16,12 @@ from tracekit.render.training import DIFF_RENDERERS, GATE_RENDERERS, STEPS_RENDE
 from tracekit.testing import TraceBuilder, training_run
 
 
-def _store(tmp_path, **after):
-    b = TraceBuilder(service="trainer", version="8gpu", seed=1)
-    training_run(b, world_size=8, steps=12, version="8gpu")
-    training_run(b, world_size=64, steps=12, version="64gpu", **after)
+def _store(tmp_path, worlds=((8, "8gpu"), (64, "64gpu")), **after):
+    """A store of two training runs (world size, label); ``after`` shapes the second."""
+    (w1, v1), (w2, v2) = worlds
+    b = TraceBuilder(service="trainer", version=v1, seed=1)
+    training_run(b, world_size=w1, steps=12, version=v1)
+    training_run(b, world_size=w2, steps=12, version=v2, **after)
     store = open_store(tmp_path / "t.duckdb")
     b.load(store)
     return store
@@ -235,12 +237,7 @@ def test_a_link_rate_is_gigabits_and_gigabytes_are_refused():
 
 
 def _one_and_two_ranks(tmp_path, **after):
-    b = TraceBuilder(service="trainer", version="1rank", seed=1)
-    training_run(b, world_size=1, steps=12, version="1rank")
-    training_run(b, world_size=2, steps=12, version="2rank", **after)
-    store = open_store(tmp_path / "t.duckdb")
-    b.load(store)
-    return store
+    return _store(tmp_path, ((1, "1rank"), (2, "2rank")), **after)
 
 
 def test_the_gate_reads_a_relative_samples_budget_as_the_efficiency_it_is(tmp_path):
