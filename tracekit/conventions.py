@@ -44,6 +44,8 @@ DB_SYSTEM_NAME: Final = "db.system.name"
 """Database system of a client span (current semantic-convention name)."""
 ERROR_TYPE: Final = "error.type"
 """Class of error a span ended with (exception type name or status code)."""
+RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
+"""gRPC status code of an RPC span (4: DEADLINE_EXCEEDED, a timeout)."""
 
 # --- tracekit: request (root SERVER) span -----------------------------------------
 INFLIGHT: Final = "tracekit.inflight"

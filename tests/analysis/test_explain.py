@@ -9,10 +9,18 @@ import pytest
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution.explain import explain_trace
+from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import Store
 from tracekit.cli import main
 from tracekit.errors import QueryError
-from tracekit.render.explain import PATH_GLYPH, STAR, render_json, render_markdown, render_table
+from tracekit.render.explain import (
+    PATH_GLYPH,
+    STAR,
+    headline,
+    render_json,
+    render_markdown,
+    render_table,
+)
 from tracekit.testing import TraceBuilder, worked_example
 
 
@@ -142,3 +150,41 @@ def test_a_called_services_own_stage_counts_as_downstream_and_keeps_its_label(
     assert all(s.own_stage is None for s in e.spans if s is not model)
     assert "downstream (model_execute)" in render_table(e)
     assert json.loads(render_json(e))["spans"][-1]["own_stage"] == cv.MODEL_EXECUTE
+
+
+def test_hotrod_headline_names_operations_and_json_carries_them(
+    store: Store, corpus_dir: Path
+) -> None:
+    ingest_paths(store, [corpus_dir / "otlp/jaegerv3_n_plus_one_full_serial.json"])
+    e = explain_trace(store, "fe65c5be")
+    assert headline(e).startswith(
+        "Most of this request's 1117.0 ms went to downstream 1115.3 ms (100%, wait): "
+        "route GET /route ×10 serial 558.9 ms, mysql SQL SELECT 311.7 ms, "
+        "redis-manual GetDriver ×13 serial 205.7 ms, …"
+    )
+    doc = json.loads(render_json(e))
+    assert list(doc)[-4:] == ["summary", "operations", "patterns", "profiles"]
+    assert set(doc["operations"][0]) == {
+        "service",
+        "operation",
+        "stage",
+        "path_ms",
+        "calls",
+        "calls_on_path",
+        "serial",
+        "errors",
+    }
+    assert set(doc["patterns"][0]) == {
+        "kind",
+        "span_id",
+        "service",
+        "operation",
+        "count",
+        "evidence",
+    }
+    assert {p["kind"] for p in doc["patterns"]} == {"n_plus_one", "retry"}
+    table, md = render_table(e), render_markdown(e)
+    assert "Per operation" in table and "Patterns" in table
+    assert "n_plus_one  redis-manual GetDriver ×13: 13 serial calls" in table
+    assert "| downstream | redis-manual | GetDriver | 205.7 ms | 13 | 13 | yes | 3 |" in md
+    assert "- `retry` redis-manual GetDriver ×3: 3 repeated calls" in md

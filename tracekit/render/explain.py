@@ -6,6 +6,9 @@ rest of its interval; ``★`` flags spans with time on the path. A stage derived
 engine's latency attributes reads ``queue (from attributes)``, in both tables. Each
 profile captured on trigger that the request triggered or ran under follows, as its
 heading (:func:`profile_heading`), its top ops and kernels by self time and its GPU line.
+The headline names the operations inside its stages (:func:`operation_phrase`); the
+operations table follows the stage split, then the patterns with their evidence.
+Operation names come from the trace: escaped like stage names everywhere.
 """
 
 from __future__ import annotations
@@ -22,10 +25,21 @@ from tracekit import conventions as cv
 from tracekit.analysis.attribution.explain import (
     ExplainProfile,
     ExplainSpan,
+    ExplainStage,
     Explanation,
     ProfileOp,
 )
-from tracekit.render.common import as_text, markdown_table, ms, pct, rich_to_text, to_json
+from tracekit.analysis.attribution.operations import operation_name
+from tracekit.analysis.attribution.patterns import Operation, Pattern
+from tracekit.render.common import (
+    as_text,
+    markdown_cell,
+    markdown_table,
+    ms,
+    pct,
+    rich_to_text,
+    to_json,
+)
 from tracekit.render.text import printable
 
 BAR_WIDTH = 40
@@ -35,19 +49,90 @@ STAR = "★"
 _NAME_WIDTH = 34
 DERIVED_MARK = {cv.DERIVED_FROM_ATTRIBUTES: "from attributes"}
 """What a derived stage's label adds, by where it was derived from."""
+HEADLINE_OPERATIONS = 3
+"""Operations the headline names per stage (the rest: "…")."""
+TABLE_OPERATIONS = 20
+"""Rows of the operations table (the rest counted below it)."""
+
+
+def operation_phrase(o: Operation) -> str:
+    """``redis-manual GetDriver ×13 serial 204.1 ms``: calls shown when more than one."""
+    calls = ""
+    if o.calls > 1:
+        calls = f" ×{o.calls} {'serial' if o.serial else 'overlapping'}"
+    return f"{o.service} {o.operation}{calls} {ms(o.path_ms)}"
+
+
+def _stage_operations(e: Explanation, st: ExplainStage) -> list[Operation]:
+    """The stage's operations on the path that say more than the stage's own name (the
+    request span's own time is its gaps between stages: not an operation it called)."""
+    request = (e.service or "(unknown)", operation_name(e.name))
+    return [
+        o
+        for o in e.operations
+        if o.stage == st.stage
+        and o.path_ms > 0
+        and o.operation != st.stage
+        and (o.service, o.operation) != request
+    ]
 
 
 def headline(e: Explanation) -> str:
-    """The sentence a person reads first: where this request's time went."""
+    """The sentence a person reads first: where this request's time went, naming the
+    operations inside each stage it names."""
     top = sorted(e.stages, key=lambda s: s.critical_ms, reverse=True)[:2]
-    parts = [
-        f"{s.stage} {ms(s.critical_ms)} ({pct(s.share)}, {s.time_kind})"
-        for s in top
-        if s.critical_ms > 0
-    ]
+    parts = []
+    for s in top:
+        if s.critical_ms <= 0:
+            continue
+        part = f"{s.stage} {ms(s.critical_ms)} ({pct(s.share)}, {s.time_kind})"
+        ops = _stage_operations(e, s)
+        if ops:
+            named = ", ".join(operation_phrase(o) for o in ops[:HEADLINE_OPERATIONS])
+            part += f": {named}{', …' if len(ops) > HEADLINE_OPERATIONS else ''}"
+        parts.append(part)
     if not parts:
         return f"This request took {ms(e.duration_ms)}."
-    return f"Most of this request's {ms(e.duration_ms)} went to " + " and ".join(parts) + "."
+    joint = "; and " if ":" in parts[0] and len(parts) > 1 else " and "
+    return f"Most of this request's {ms(e.duration_ms)} went to " + joint.join(parts) + "."
+
+
+_OPERATION_HEADERS = [
+    "stage",
+    "service",
+    "operation",
+    "on path",
+    "calls",
+    "calls on path",
+    "serial",
+    "errors",
+]
+
+
+def _operation_rows(e: Explanation) -> list[list[str]]:
+    return [
+        [
+            o.stage,
+            o.service,
+            o.operation,
+            ms(o.path_ms),
+            str(o.calls),
+            str(o.calls_on_path),
+            "yes" if o.serial else "no",
+            str(o.errors) if o.errors else "",
+        ]
+        for o in e.operations[:TABLE_OPERATIONS]
+    ]
+
+
+def _more_operations(e: Explanation) -> str | None:
+    more = len(e.operations) - TABLE_OPERATIONS
+    return f"… {more} more operation(s), in --format json" if more > 0 else None
+
+
+def pattern_line(p: Pattern) -> str:
+    """``n_plus_one  redis-manual GetDriver ×13: <evidence>``."""
+    return f"{p.kind}  {p.service} {p.operation} ×{p.count}: {p.evidence}"
 
 
 def _title(e: Explanation) -> str:
@@ -258,6 +343,18 @@ def render_table(e: Explanation) -> str:
     legend = f"{STAR} on the critical path   {PATH_GLYPH} the span's own path time   {OFF_PATH_GLYPH} off the path"
     parts: list[Any] = [as_text(_title(e), style="bold"), as_text(headline(e)), *_notes(e), ""]
     parts += [spans, Text(legend, style="dim"), "", Text("Per stage", style="bold"), stages]
+    if e.operations:
+        ops = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        for k, header in enumerate(_OPERATION_HEADERS):
+            ops.add_column(header, justify="right" if k > 2 else "left", no_wrap=k < 3)
+        for row in _operation_rows(e):
+            ops.add_row(*(as_text(cell) for cell in row))
+        parts += ["", Text("Per operation", style="bold"), ops]
+        if (more := _more_operations(e)) is not None:
+            parts.append(as_text(more, style="dim"))
+    if e.patterns:
+        parts += ["", Text("Patterns", style="bold")]
+        parts += [as_text(pattern_line(p)) for p in e.patterns]
     parts += _profile_parts(e)
     return rich_to_text(*parts, width=150)
 
@@ -269,13 +366,15 @@ def _as_dict(e: Explanation) -> dict[str, Any]:
         d["on_critical_path"] = span.on_critical_path
         d["path"] = [{"start_ms": s, "end_ms": t} for s, t in span.path]
     out["summary"] = headline(e)
-    out["profiles"] = out.pop("profiles")  # after the summary: the request first
+    for key in ("operations", "patterns", "profiles"):
+        out[key] = out.pop(key)  # after the summary: the request first
     return out
 
 
 def render_json(e: Explanation) -> str:
     """Stable JSON: the Explanation's fields, plus per span ``duration_ms`` and
-    ``on_critical_path``, plus ``summary`` (the headline sentence). Times in ms."""
+    ``on_critical_path``, plus ``summary`` (the headline sentence), then ``operations``,
+    ``patterns`` and ``profiles``. Times in ms."""
     return to_json(_as_dict(e))
 
 
@@ -319,6 +418,15 @@ def render_markdown(e: Explanation) -> str:
             span_rows,
         )
     )
+    if e.operations:
+        lines += ["", markdown_table(_OPERATION_HEADERS, _operation_rows(e))]
+        if (more := _more_operations(e)) is not None:
+            lines += ["", more]
+    if e.patterns:
+        lines += ["", "**Patterns**", ""]
+        lines += [
+            f"- `{p.kind}` {markdown_cell(pattern_line(p)[len(p.kind) + 2 :])}" for p in e.patterns
+        ]
     for p in e.profiles:
         lines += ["", f"#### {printable(profile_heading(p))}", "", printable(profile_role(p))]
         if (totals := profile_totals(p)) is not None:

@@ -22,6 +22,12 @@ from typing import Any
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution import per_request as attribution
+from tracekit.analysis.attribution.patterns import (
+    Operation,
+    Pattern,
+    trace_findings,
+    wanted_attributes,
+)
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError
 
@@ -67,6 +73,7 @@ ORDER BY start_ns NULLS LAST, profile_id
 _PROFILE_IDS_SQL = """
 SELECT profile_id FROM profiles WHERE list_contains(trace_ids, $trace) ORDER BY profile_id
 """
+_ATTRIBUTES_SQL = "SELECT span_id, attributes::VARCHAR FROM spans WHERE trace_id = $trace"
 _DERIVED_SQL = """
 SELECT span_id, json_extract_string(attributes, $path) FROM spans
 WHERE trace_id = $trace AND stage IS NOT NULL AND json_extract_string(attributes, $path) IS NOT NULL
@@ -211,6 +218,11 @@ class Explanation:
     """Stages derived from span names/kinds (the trace carries no ``tracekit.stage``)."""
     profiles: list[ExplainProfile] = field(default_factory=list)
     """Profiles captured on trigger that this request triggered or ran under."""
+    operations: list[Operation] = field(default_factory=list)
+    """What the request's spans called, beneath each stage, longest path time first
+    (:mod:`tracekit.analysis.attribution.patterns`)."""
+    patterns: list[Pattern] = field(default_factory=list)
+    """``n_plus_one``, ``retry``, ``timeout`` and ``error_origin`` findings, with evidence."""
 
 
 def resolve_trace_id(store: Store, trace_id: str) -> str:
@@ -301,6 +313,10 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
                 derived=derived_stages.get(name),
             )
         )
+    attrs = {
+        sid: wanted_attributes(text) for sid, text in store.run(_ATTRIBUTES_SQL, {"trace": full})
+    }
+    findings = trace_findings(t, a, c["status_code"], [attrs.get(s, {}) for s in t.span_id])
     root_id = t.span_id[a.root]
     release = store.con.execute(_RELEASE_SQL, {"trace": full, "span": root_id}).fetchone()
     return Explanation(
@@ -317,6 +333,8 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
         skewed_spans=a.skewed_spans,
         fallback=a.fallback,
         profiles=trace_profiles(store, full),
+        operations=findings.operations,
+        patterns=findings.patterns,
     )
 
 
