@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution import per_request
+from tracekit.analysis.attribution.operations import request_operations
 from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import SPAN_COLUMNS, Store
 from tracekit.testing import TraceBuilder, worked_example
@@ -47,6 +49,7 @@ def reference(store: Store) -> tuple[dict[str, Any], dict[str, int]]:
             (s.stage, s.time_kind, s.critical_ns, s.wall_ns, s.cpu_time_ns, s.gpu_time_ns)
             for s in a.stages
         )
+        ops = [astuple(row) for row in request_operations(t, a)]
         out[c["trace_id"][lo]] = (
             t.span_id[a.root],
             a.start_ns,
@@ -54,6 +57,7 @@ def reference(store: Store) -> tuple[dict[str, Any], dict[str, int]]:
             hi - lo,
             a.skewed_spans,
             stages,
+            ops,
         )
     return out, tally
 
@@ -64,13 +68,18 @@ def stored(store: Store) -> dict[str, Any]:
         "SELECT trace_id, root_span_id, start_ns, duration_ns, span_count, skewed_spans "
         "FROM requests"
     ):
-        out[row[0]] = [*row[1:], []]
+        out[row[0]] = [*row[1:], [], []]
     for tid, *rest in store.run(
         "SELECT trace_id, stage, time_kind, critical_ns, wall_ns, cpu_time_ns, gpu_time_ns "
         "FROM request_stages"
     ):
+        out[tid][-2].append(tuple(rest))
+    for tid, *rest in store.run(
+        "SELECT trace_id, stage, service, operation, critical_ns, calls, calls_on_path, "
+        "overlapping, errors FROM request_operations"
+    ):
         out[tid][-1].append(tuple(rest))
-    return {k: (*v[:-1], sorted(v[-1])) for k, v in out.items()}
+    return {k: (*v[:-2], sorted(v[-2]), sorted(v[-1])) for k, v in out.items()}
 
 
 def assert_same(store: Store) -> per_request.RefreshReport:
@@ -86,8 +95,13 @@ def assert_same(store: Store) -> per_request.RefreshReport:
         report.orphans_dropped,
         report.skewed_spans,
     ) == tuple(tally.values())
-    for _, _, duration, _, _, stages in got.values():
+    for _, _, duration, _, _, stages, ops in got.values():
         assert sum(s[2] for s in stages) == duration
+        # the operations split the same path: per stage, they add up to it exactly
+        by_stage: dict[str, int] = {}
+        for stage, *_, crit, _calls, _on, _over, _err in ops:
+            by_stage[stage] = by_stage.get(stage, 0) + crit
+        assert {k: v for k, v in by_stage.items() if v} == {s[0]: s[2] for s in stages if s[2]}
     return report
 
 
@@ -108,7 +122,14 @@ def test_demo_shaped_requests_attribute_as_the_reference_does(store: Store) -> N
 
 _REF = "opentracing.ref_type"
 _STAGE_CHOICES = [None, None, None, cv.PREPROCESS, cv.MODEL_EXECUTE, cv.DOWNSTREAM, "custom"]
-_KIND_CHOICES = ["SERVER", "INTERNAL", "CLIENT", "PRODUCER", "CONSUMER"]
+_KIND_CHOICES = ["SERVER", "SERVER", "INTERNAL", "CLIENT", "CLIENT", "PRODUCER", "CONSUMER"]
+_CLIENT_ATTRS: list[dict[str, Any]] = [
+    {cv.SERVER_ADDRESS: "pricing", cv.SERVER_PORT: 8080, cv.URL_TEMPLATE: "/price/{sku}"},
+    {cv.HTTP_REQUEST_METHOD: "GET", cv.URL_FULL: "http://0.0.0.0:8081/customer?customer=567"},
+    {cv.HTTP_REQUEST_METHOD: "GET", cv.URL_FULL: "http://0.0.0.0:8081/customer?customer=12"},
+    {cv.SERVER_ADDRESS: "db", cv.HTTP_REQUEST_METHOD: "POST"},
+    {cv.URL_FULL: "not a url [::"},
+]
 
 
 def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
@@ -150,17 +171,19 @@ def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
             attrs[cv.HTTP_ROUTE] = rnd.choice(["/a/123", "/b", "/users/7f3e9a0b12"])
         if rnd.random() < 0.05:
             attrs[cv.DB_SYSTEM] = "redis"
+        if rnd.random() < 0.3:  # what a CLIENT span calls when no SERVER span answers
+            attrs.update(rnd.choice(_CLIENT_ATTRS))
         rows.append(
             (
                 tid,
                 ids[i],
                 parent,
-                rnd.choice(["op", "GET /x", "handler 42"]),
+                rnd.choice(["op", "GET /x", "handler 42", "GET /x/77"]),
                 rnd.choice(_KIND_CHOICES),
                 None if no_ts else start,
                 None if no_ts else end,
-                "UNSET",
-                rnd.choice(["svc", "svc", "other", None]),
+                rnd.choice(["UNSET", "UNSET", "OK", "ERROR"]),
+                rnd.choice(["svc", "svc", "other", None, ""]),
                 "v1",
                 None,
                 None,

@@ -138,6 +138,7 @@ def query(spans: Spans, sql: str) -> list[Any]:
         "stages": names.stages,
         "attributes": names.attributes,
         "state": names.state,
+        "operations": names.operations,
         "spans": spans.table,
     }
     client = connect(spans.url)
@@ -149,7 +150,7 @@ def query(spans: Spans, sql: str) -> list[Any]:
 
 def counts(spans: Spans) -> dict[str, tuple[int, int]]:
     """Rows of each attributed table, as stored and FINAL."""
-    tables = ("requests", "stages", "attributes", "state")
+    tables = ("requests", "stages", "attributes", "state", "operations")
     each = ", ".join(
         f"(SELECT count() FROM {{{t}}}), (SELECT count() FROM {{{t}}} FINAL)" for t in tables
     )
@@ -213,6 +214,10 @@ def test_a_first_run_attributes_every_request_as_ingest_does(
             "SELECT trace_id, stage, time_kind, critical_ns, wall_ns FROM request_stages "
             "ORDER BY 1, 2"
         )
+        want_ops = local.store.run(
+            "SELECT trace_id, stage, service, operation, critical_ns, calls, calls_on_path, "
+            "overlapping, errors FROM request_operations ORDER BY 1, 2, 3, 4"
+        )
     got_requests = query(
         spans, "SELECT TraceId, StartNs, DurationNs, SpanCount FROM {requests} FINAL ORDER BY 1"
     )
@@ -222,6 +227,12 @@ def test_a_first_run_attributes_every_request_as_ingest_does(
     )
     assert [tuple(r) for r in got_requests] == [tuple(r) for r in want_requests]
     assert [tuple(r) for r in got_stages] == [tuple(r) for r in want_stages]
+    got_ops = query(
+        spans,
+        "SELECT TraceId, Stage, Service, Operation, CriticalNs, Calls, CallsOnPath, "
+        "Overlapping, Errors FROM {operations} FINAL ORDER BY 1, 2, 3, 4",
+    )
+    assert len(want_ops) >= 3 * N and [tuple(r) for r in got_ops] == [tuple(r) for r in want_ops]
 
 
 def test_the_command_prints_one_summary_line_and_exits_0(spans: Spans, tmp_path: Path) -> None:
@@ -249,9 +260,8 @@ def test_a_second_run_over_the_same_window_writes_nothing(spans: Spans, tmp_path
         assert (report.requests, report.reattributed, report.spans) == (0, 0, 0)
         assert report.already == N
     after = counts(spans)
-    assert {t: after[t] for t in ("requests", "stages", "attributes")} == {
-        t: before[t] for t in ("requests", "stages", "attributes")
-    }
+    derived = ("requests", "stages", "attributes", "operations")
+    assert {t: after[t] for t in derived} == {t: before[t] for t in derived}
     assert after["state"][1] == 1  # one watermark, moved
     rc, out, _ = run(
         "attribute", "--store", spans.text, "--table", spans.table, "--since", "2025-12-31T00:00Z",
@@ -681,3 +691,37 @@ def test_follow_attributes_every_interval_and_stops_on_sigterm(tmp_path: Path) -
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+HOSTILE = 'GET /"; DROP TABLE x; --\x1b[31m\t\\' + "é" * 200
+
+
+def test_operations_of_hostile_names_read_back_the_same_from_clickhouse(
+    spans: Spans, tmp_path: Path
+) -> None:
+    from tracekit.analysis.store import open_store
+    from tracekit.analysis.store.operations import top_operations
+
+    b = TraceBuilder(service="svc'`", version="v1", seed=7)
+    for k in range(6):
+        r = b.request(start_ms=k * 100.0, duration_ms=40 + k)
+        for c in range(3):
+            r.stage(cv.DOWNSTREAM, start_ms=1 + 10 * c, duration_ms=9, name=HOSTILE,
+                    attributes={cv.SERVER_ADDRESS: "x'`\\"}, error=c == 1)  # fmt: skip
+        r.span(HOSTILE, start_ms=31, duration_ms=5, stage=cv.POSTPROCESS)
+    f = b.write_jsonl(tmp_path / "hostile.jsonl")
+    ingest(spans, f)
+    attribute(spans.url, settle_s=0)
+    duck = tmp_path / "h.duckdb"
+    assert run("ingest", str(f), "--db", str(duck))[0] == 0
+    with open_store(duck, read_only=True) as local:
+        want = top_operations(local, "v1", min_duration_ms=43)
+    pulled = open_attributed(spans.url, Selection())
+    assert pulled is not None
+    with pulled:
+        got = top_operations(pulled, "v1", min_duration_ms=43)
+    assert got == want and got.requests == 3
+    names = {(o.service, o.operation) for o in got.operations}
+    # white space made one, cut at 96 characters; quotes, escapes and backslashes kept
+    assert ("svc'`", ('GET /"; DROP TABLE x; --\x1b[31m \\' + "é" * 200)[:96]) in names
+    assert ("x'`\\", "(call)") in names

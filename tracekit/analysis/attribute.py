@@ -348,6 +348,7 @@ def _attribute_slice(
     stamp = {"now": now}
     requests = con.sql(_REQUESTS_OUT, params=stamp).to_arrow_table()
     stages = con.sql(_STAGES_OUT, params=stamp).to_arrow_table()
+    operations = con.sql(_OPERATIONS_OUT, params=stamp).to_arrow_table()
     pairs = con.sql(
         "WITH req AS (SELECT trace_id FROM requests) "
         "SELECT trace_id AS TraceId, attribute AS Attribute, value AS Value, "
@@ -356,6 +357,7 @@ def _attribute_slice(
     ).to_arrow_table()
     _insert(client, url, names.requests, requests)
     _insert(client, url, names.stages, stages)
+    _insert(client, url, names.operations, operations)
     _insert(client, url, names.attributes, pairs)
     report.requests += len(requests)
 
@@ -379,6 +381,15 @@ SELECT trace_id AS TraceId, stage AS Stage, time_kind AS TimeKind, critical_ns A
        wall_ns AS WallNs, cpu_time_ns AS CpuTimeNs, gpu_time_ns AS GpuTimeNs,
        make_timestamp_ns($now) AS AttributedAt
 FROM request_stages
+"""
+
+
+_OPERATIONS_OUT = """
+SELECT trace_id AS TraceId, stage AS Stage, service AS Service, operation AS Operation,
+       critical_ns AS CriticalNs, calls::UINTEGER AS Calls,
+       calls_on_path::UINTEGER AS CallsOnPath, overlapping::UINTEGER AS Overlapping,
+       errors::UINTEGER AS Errors, make_timestamp_ns($now) AS AttributedAt
+FROM request_operations
 """
 
 

@@ -86,6 +86,13 @@ class SpanArrays:
     """CONSUMER kind (None: no span is)."""
     follows: B | None = None
     """Tied to its trace only by FOLLOWS_FROM or a link (see ``TraceInput.follows``)."""
+    op: I64 | None = None
+    """Operation code of each span (``operations.operation_codes``), naming
+    :attr:`op_names`; None: no operation rows are computed."""
+    op_names: list[tuple[str, str]] = field(default_factory=list)
+    """(service, operation) by operation code."""
+    is_error: B | None = None
+    """Status ERROR (None: no span is)."""
 
 
 def _empty() -> I64:
@@ -116,6 +123,17 @@ class BulkResult:
     st_cpu: I64 = field(default_factory=_empty)
     """-1: never measured."""
     st_gpu: I64 = field(default_factory=_empty)
+    op_root: I64 = field(default_factory=_empty)
+    """Per (request, stage, operation) row, as ``operations.OperationRow``: the root row."""
+    op_stage: I64 = field(default_factory=_empty)
+    """Index into :attr:`stage_names`."""
+    op_code: I64 = field(default_factory=_empty)
+    """Index into ``SpanArrays.op_names``."""
+    op_critical: I64 = field(default_factory=_empty)
+    op_calls: I64 = field(default_factory=_empty)
+    op_on_path: I64 = field(default_factory=_empty)
+    op_overlapping: I64 = field(default_factory=_empty)
+    op_errors: I64 = field(default_factory=_empty)
     traces: int = 0
     batch_traces: int = 0
     skipped_no_timestamps: int = 0
@@ -429,6 +447,10 @@ def analyse_all(s: SpanArrays, names_for: NamesFor | None = None) -> BulkResult:
     res.skewed_spans = int(skew.sum())
 
     _stage_rows(res, s, tree, tno, root_of, eff, top, crit, cs, ce, unattributed)
+    if s.op is not None:
+        _operation_rows(
+            res, s, s.op, levels, tno, root_of, eff, tparent, crit, cs, ce, unattributed
+        )
     res.stage_names = names
     vt = np.flatnonzero(valid)
     r = root_of[vt]
@@ -517,3 +539,68 @@ def _stage_rows(
     res.st_wall = np.where(has_top, wall, crit_sum)
     res.st_cpu = np.where(has_top & cpu_any, cpu, -1)
     res.st_gpu = np.where(has_top & gpu_any, gpu, -1)
+
+
+def _operation_rows(
+    res: BulkResult,
+    s: SpanArrays,
+    op: I64,
+    levels: list[I64],
+    tno: I64,
+    root_of: I64,
+    eff: I64,
+    tparent: I64,
+    crit: I64,
+    cs: I64,
+    ce: I64,
+    unattributed: int,
+) -> None:
+    """Per (trace, stage, operation): ``operations.request_operations`` for every request.
+
+    A call is a span whose tree parent is of another operation; its spans are found
+    level by level (top-down), its subtree's path time bottom-up.
+    """
+    n = len(op)
+    call = np.arange(n, dtype=np.int64)  # the call each span belongs to
+    for level in levels[1:]:
+        p = tparent[level]
+        same = op[p] == op[level]
+        call[level] = np.where(same, call[p], level)
+    sub = crit.copy()
+    for level in reversed(levels[1:]):
+        np.add.at(sub, tparent[level], sub[level])
+    tree = np.concatenate(levels)
+    calls = tree[call[tree] == tree]
+    err = np.zeros(n, dtype=bool)
+    if s.is_error is not None:
+        bad = tree[s.is_error[tree]]
+        err[call[bad]] = True
+    # Overlap: calls of one operation under one parent, by (start, end, row).
+    kids = calls[tparent[calls] >= 0]
+    o = np.lexsort((kids, ce[kids], cs[kids], op[kids], tparent[kids]))
+    kids = kids[o]
+    grp = _segment_starts(tparent[kids] * (len(s.op_names) + 1) + op[kids])
+    reach, has_prev = _seg_prefix_max_excl(ce[kids], grp)
+    over = np.zeros(n, dtype=bool)
+    over[kids] = has_prev & (reach - BACK_TO_BACK_NS > cs[kids])
+
+    n_codes = len(res.stage_names) + 1
+    n_ops = len(s.op_names) + 1
+    stage = np.where(eff[tree] >= 0, eff[tree], unattributed)
+    keys, inv = np.unique((tno[tree] * n_codes + stage) * n_ops + op[tree], return_inverse=True)
+    k = len(keys)
+
+    def total(values: I64 | B, where: B) -> I64:
+        out = np.zeros(k, dtype=np.int64)
+        np.add.at(out, inv[where], values[where])
+        return out
+
+    is_call = call[tree] == tree
+    res.op_critical = total(crit[tree], np.ones(len(tree), dtype=bool))
+    res.op_calls = total(np.ones(len(tree), dtype=np.int64), is_call)
+    res.op_on_path = total((sub[tree] > 0).astype(np.int64), is_call)
+    res.op_overlapping = total(over[tree].astype(np.int64), is_call)
+    res.op_errors = total(err[tree].astype(np.int64), is_call)
+    res.op_code = keys % n_ops
+    res.op_stage = (keys // n_ops) % n_codes
+    res.op_root = root_of[keys // n_ops // n_codes]

@@ -103,6 +103,13 @@ class TraceInput:
     """Tied to the trace only by a FOLLOWS_FROM reference (a link to its parent whose
     ``opentracing.ref_type`` is ``follows_from``) or, parentless, by a link into its own
     trace: caused by the request, not waited for. None: no span is."""
+    error: list[bool] | None = None
+    """Status ERROR; used only by the operations (``operations.request_operations``)."""
+    client: (
+        list[tuple[str | None, str | None, str | None, str | None, str | None] | None] | None
+    ) = None
+    """A CLIENT span's ``operations.ClientAttrs`` (None for other spans): what it names
+    when its callee left no SERVER span; used only by the operations."""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ insert, which keeps JSON parsing out of the Python loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +21,7 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
+from tracekit.analysis.attribution.operations import ClientAttrs, operation_codes
 from tracekit.analysis.ingest.jaeger import REF_TYPE_ATTR
 from tracekit.analysis.store import DatabaseError, Store, iter_chunks, schema_sql
 from tracekit.errors import QueryError
@@ -44,6 +45,23 @@ _FOLLOWS_SQL = """CASE WHEN {n}links IS NULL OR length({n}links::VARCHAR) <= 2 T
 _LINK_SHAPE = '[{"trace_id": "VARCHAR", "span_id": "VARCHAR", "attributes": "JSON"}]'
 
 
+# A CLIENT span's server address and URL: what its operation names when the called
+# service left no SERVER span (operations.client_target). {a} is the attributes column.
+_CLIENT_SQL = """CASE WHEN {when} THEN [json_extract_string({a}, $cl_method),
+    json_extract_string({a}, $cl_address), json_extract_string({a}, $cl_port),
+    json_extract_string({a}, $cl_template), json_extract_string({a}, $cl_url)] END AS client"""
+
+
+def _client_params() -> dict[str, str]:
+    return {
+        "cl_method": json_path(cv.HTTP_REQUEST_METHOD),
+        "cl_address": json_path(cv.SERVER_ADDRESS),
+        "cl_port": json_path(cv.SERVER_PORT),
+        "cl_template": json_path(cv.URL_TEMPLATE),
+        "cl_url": json_path(cv.URL_FULL),
+    }
+
+
 def json_path(key: str) -> str:
     """The DuckDB JSON path of a top-level attribute whose name contains dots."""
     return '$."' + key.replace('"', '\\"') + '"'
@@ -63,11 +81,16 @@ SELECT trace_id, span_id, parent_span_id, name, kind, status_code,
        CASE WHEN stage IS NULL THEN json_extract_string(attributes, $route) END AS route,
        coalesce(TRY_CAST(json_extract_string(attributes, $async_path) AS BOOLEAN), false)
          AS background,
-       {follows} AS follows
+       {follows} AS follows,
+       status_code = 'ERROR' AS error,
+       {client}
 FROM spans
 WHERE $all OR trace_id IN (SELECT trace_id FROM ids)
 ORDER BY trace_id, span_id
-""".format(follows=_FOLLOWS_SQL.format(n=""))
+""".format(
+    follows=_FOLLOWS_SQL.format(n=""),
+    client=_CLIENT_SQL.format(a="attributes", when="kind = 'CLIENT'"),
+)
 
 _DELETE_SQL = """
 DELETE FROM {table}
@@ -112,6 +135,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
         "async_path": json_path(cv.COMM_ASYNC),
         "link_shape": _LINK_SHAPE,
         "ref_type": json_path(REF_TYPE_ATTR),
+        **_client_params(),
     }
     try:
         with trace_ids_table(store, ids):
@@ -135,9 +159,18 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
     c["is_db"] = [bool(v) for v in c["is_db"]]
     c["background"] = [bool(v) for v in c["background"]]
     c["follows"] = [bool(v) for v in c["follows"]]
+    c["error"] = [bool(v) for v in c["error"]]
+    c["client"] = [None if v is None else _attrs_tuple(v) for v in c["client"]]
     c["parent"] = c.pop("parent_span_id")
     c["service"] = c.pop("service_name")
     return c
+
+
+def _attrs_tuple(v: Any) -> ClientAttrs:
+    """A fetched list of client attributes as a tuple (its NULLs come back masked)."""
+    mask = np.ma.getmaskarray(v).tolist()
+    values = np.ma.getdata(v).tolist()
+    return tuple(None if m else x for x, m in zip(values, mask, strict=True))  # type: ignore[return-value]
 
 
 def trace_input(c: dict[str, list[Any]], lo: int, hi: int) -> cp.TraceInput:
@@ -159,6 +192,8 @@ def trace_input(c: dict[str, list[Any]], lo: int, hi: int) -> cp.TraceInput:
         route=c["route"][lo:hi],
         background=c["background"][lo:hi],
         follows=c["follows"][lo:hi],
+        error=c["error"][lo:hi],
+        client=c["client"][lo:hi],
     )
 
 
@@ -177,7 +212,7 @@ _ATTR_SQL = """
 CREATE OR REPLACE TEMP TABLE _tk_attr AS
 WITH sel AS (
     SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, service_name,
-           stage, time_kind, cpu_time_ns, gpu_time_ns, attributes, links
+           stage, time_kind, cpu_time_ns, gpu_time_ns, attributes, links, status_code
     FROM spans
     WHERE $all OR trace_id IN (SELECT trace_id FROM _tk_ids)
 ),
@@ -202,6 +237,10 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        n.svc,
        n.kind = 'SERVER' AS is_server, n.kind IN ('CLIENT', 'PRODUCER') AS is_outcall,
        n.kind = 'PRODUCER' AS is_producer, n.kind = 'CONSUMER' AS is_consumer,
+       n.kind = 'CLIENT' AS is_client, n.status_code = 'ERROR' AS is_error,
+       n.service_name,
+       -- what a CLIENT span calls, read only when its callee left no SERVER span
+       CASE WHEN n.kind = 'CLIENT' THEN n.attributes END AS client_attributes,
        {follows} AS follows,
        -- A substring test first: parsing every span's attributes costs more than the walk.
        n.name = $batch_name OR (contains(n.attributes::VARCHAR, $batch_key)
@@ -209,7 +248,7 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        CASE WHEN n.stage IS NULL AND contains(n.attributes::VARCHAR, 'db.system') THEN
             json_extract_string(n.attributes, $db1) IS NOT NULL
             OR json_extract_string(n.attributes, $db2) IS NOT NULL ELSE false END AS is_db,
-       CASE WHEN n.stage IS NULL THEN n.name END AS name,
+       n.name,
        CASE WHEN n.stage IS NULL AND contains(n.attributes::VARCHAR, $route_key)
             THEN json_extract_string(n.attributes, $route) END AS route,
        coalesce(n.cpu_time_ns, -1) AS cpu_ns, coalesce(n.gpu_time_ns, -1) AS gpu_ns,
@@ -219,13 +258,21 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
 FROM num n LEFT JOIN num p ON p.trace_id = n.trace_id AND p.span_id = n.parent_span_id
 """.format(follows=_FOLLOWS_SQL.format(n="n."))
 
+# Operations are named per distinct (service, span name), never per span: one code each.
+_PAIRS_SQL = """
+CREATE OR REPLACE TEMP TABLE _tk_pairs AS
+SELECT svc, service_name, name, (row_number() OVER (ORDER BY svc, name) - 1)::BIGINT AS pair
+FROM (SELECT DISTINCT svc, service_name, name FROM _tk_attr)
+"""
+
 _ARRAYS_SQL = """
-SELECT first_of_trace, parent_row, has_ts, start_ns, end_ns,
+SELECT first_of_trace, parent_row, has_ts, start_ns, end_ns, p.pair,
+       coalesce(is_client, false) AS is_client, coalesce(is_error, false) AS is_error,
        coalesce(list_position($stages, stage) - 1, -1)::BIGINT AS stage_code,
        tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns,
        coalesce(background, false) AS background, coalesce(is_producer, false) AS is_producer,
        coalesce(is_consumer, false) AS is_consumer, follows
-FROM _tk_attr ORDER BY row
+FROM _tk_attr a JOIN _tk_pairs p USING (svc, name) ORDER BY row
 """
 
 _BULK_REQUESTS_SQL = """
@@ -244,6 +291,15 @@ SELECT a.trace_id, a.span_id, s.service_name, s.service_version, s.instance_id,
 FROM tk_refresh_requests r
 JOIN _tk_attr a ON a.row = r.root_row
 JOIN spans s ON s.trace_id = a.trace_id AND s.span_id = a.span_id
+"""
+
+# One row per (request, stage, operation); operation names come once per code.
+_BULK_OPERATIONS_SQL = """
+INSERT INTO request_operations
+SELECT a.trace_id, $stages[r.stage + 1], o.service, o.operation, r.critical_ns, r.calls,
+       r.calls_on_path, r.overlapping, r.errors
+FROM tk_refresh_operations r JOIN _tk_attr a ON a.row = r.root_row
+JOIN tk_refresh_op_names o ON o.code = r.op
 """
 
 _BULK_STAGES_SQL = """
@@ -301,6 +357,13 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
                 "SELECT DISTINCT stage FROM _tk_attr WHERE stage IS NOT NULL ORDER BY 1"
             ).fetchall()
         ]
+        store.con.execute(_PAIRS_SQL)
+        pair_names = [
+            (None if svc is None else str(svc), str(name))
+            for svc, name in store.con.execute(
+                "SELECT service_name, name FROM _tk_pairs ORDER BY pair"
+            ).fetchall()
+        ]
         cols = store.con.execute(_ARRAYS_SQL, {"stages": stages}).fetchnumpy()
     except DatabaseError as exc:
         raise QueryError(f"cannot read spans from {store.path}: {exc}") from exc
@@ -308,9 +371,20 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
     def col(name: str, dtype: Any) -> Any:
         return np.asarray(cols[name], dtype=dtype)
 
+    parent = col("parent_row", np.int64)
+    op, op_names = operation_codes(
+        parent,
+        col("is_client", bool),
+        np.asarray(np.ma.filled(cols["is_server"], False), dtype=bool),
+        col("start_ns", np.int64),
+        col("pair", np.int64),
+        pair_names,
+        clients_for(store),
+    )
+
     return bulk.SpanArrays(
         trace=np.cumsum(col("first_of_trace", bool), dtype=np.int64) - 1,
-        parent=col("parent_row", np.int64),
+        parent=parent,
         start=col("start_ns", np.int64),
         end=col("end_ns", np.int64),
         has_ts=col("has_ts", bool),
@@ -328,7 +402,26 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         is_producer=col("is_producer", bool),
         is_consumer=col("is_consumer", bool),
         follows=col("follows", bool),
+        op=op,
+        op_names=op_names,
+        is_error=col("is_error", bool),
     )
+
+
+def clients_for(store: Store) -> Callable[[Any], list[ClientAttrs]]:
+    """:data:`ClientAttrs` of rows of ``_tk_attr`` (CLIENT spans without a callee)."""
+
+    def fetch(rows: Any) -> list[ClientAttrs]:
+        got = store.con.execute(
+            "SELECT row, "
+            + _CLIENT_SQL.format(a="client_attributes", when="true")
+            + " FROM _tk_attr WHERE row IN (SELECT unnest($rows::BIGINT[]))",
+            {"rows": [int(r) for r in rows], **_client_params()},
+        ).fetchall()
+        by_row = {int(r): tuple(v) for r, v in got}
+        return [by_row[int(r)] for r in rows]
+
+    return fetch
 
 
 def names_for(store: Store) -> bulk.NamesFor:
@@ -427,9 +520,25 @@ def _refresh_batch(
             "cpu_time_ns": res.st_cpu,
             "gpu_time_ns": res.st_gpu,
         }
-        _write(store, ids, req, stages, res.stage_names, cleared=cleared)
+        operations = {
+            "root_row": res.op_root,
+            "stage": res.op_stage,
+            "op": res.op_code,
+            "critical_ns": res.op_critical,
+            "calls": res.op_calls,
+            "calls_on_path": res.op_on_path,
+            "overlapping": res.op_overlapping,
+            "errors": res.op_errors,
+        }
+        names = {
+            "code": np.arange(len(arrays.op_names), dtype=np.int64),
+            "service": np.array([svc for svc, _ in arrays.op_names], dtype=object),
+            "operation": np.array([op for _, op in arrays.op_names], dtype=object),
+        }
+        _write(store, ids, req, stages, res.stage_names, cleared=cleared, ops=(operations, names))
     finally:
         store.con.execute("DROP TABLE IF EXISTS _tk_attr")
+        store.con.execute("DROP TABLE IF EXISTS _tk_pairs")
 
 
 def _write(
@@ -440,6 +549,7 @@ def _write(
     stage_names: list[str],
     *,
     cleared: bool = False,
+    ops: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> None:
     con = store.con
     params = {
@@ -453,6 +563,9 @@ def _write(
     scope = {"all": ids is None}
     con.register("tk_refresh_requests", req)
     con.register("tk_refresh_stages", stages)
+    if ops is not None:
+        con.register("tk_refresh_operations", ops[0])
+        con.register("tk_refresh_op_names", ops[1])
     try:
         con.execute("BEGIN")
         try:
@@ -465,6 +578,10 @@ def _write(
                     _BULK_STAGES_SQL,
                     {"stages": stage_names, "kinds": list(cv.TIME_KINDS)},
                 )
+            if ops is not None and len(ops[0]["root_row"]):
+                store.insert_keyed(
+                    "request_operations", _BULK_OPERATIONS_SQL, {"stages": stage_names}
+                )
             con.execute("COMMIT")
         except DatabaseError as exc:
             store.rollback()
@@ -472,6 +589,9 @@ def _write(
     finally:
         con.unregister("tk_refresh_requests")
         con.unregister("tk_refresh_stages")
+        if ops is not None:
+            con.unregister("tk_refresh_operations")
+            con.unregister("tk_refresh_op_names")
 
 
 def _replace_scope(
@@ -483,7 +603,8 @@ def _replace_scope(
     if ids is None or _existing(store) > _REBUILD_ABOVE:
         _rebuild_tables(store, scope)
     else:
-        # request_stages first: it is the dependent table.
+        # The dependent tables first.
+        store.con.execute(_DELETE_SQL.format(table="request_operations"), scope)
         store.con.execute(_DELETE_SQL.format(table="request_stages"), scope)
         store.con.execute(_DELETE_SQL.format(table="requests"), scope)
 
@@ -492,6 +613,9 @@ def _replace_scope(
 # slow in DuckDB (about 20 s at 100k requests, against 2 s to rebuild the tables), so
 # past this many rows to replace the derived tables are rebuilt instead.
 _REBUILD_ABOVE = 5_000
+
+_DERIVED = ("requests", "request_stages", "request_operations")
+"""The tables refresh derives from ``spans`` (identifiers, never user input)."""
 
 _EXISTING_SQL = "SELECT count(*) FROM requests WHERE trace_id IN (SELECT trace_id FROM _tk_ids)"
 
@@ -502,17 +626,17 @@ def _existing(store: Store) -> int:
 
 
 def _rebuild_tables(store: Store, scope: dict[str, Any]) -> None:
-    """Drop and recreate ``requests``/``request_stages``, keeping rows outside ``scope``."""
+    """Drop and recreate the derived tables, keeping rows outside ``scope``."""
     con = store.con
-    for table in ("requests", "request_stages"):
+    for table in _DERIVED:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE tk_keep_{table} AS SELECT * FROM {table} "
             "WHERE NOT ($all OR trace_id IN (SELECT trace_id FROM _tk_ids))",
             scope,
         )
-    con.execute("DROP TABLE request_stages")
-    con.execute("DROP TABLE requests")
+    for table in reversed(_DERIVED):
+        con.execute(f"DROP TABLE {table}")
     con.execute(schema_sql())
-    for table in ("requests", "request_stages"):
+    for table in _DERIVED:
         con.execute(f"INSERT INTO {table} SELECT * FROM tk_keep_{table}")
         con.execute(f"DROP TABLE tk_keep_{table}")

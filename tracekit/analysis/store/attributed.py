@@ -1,7 +1,8 @@
 """tracekit's attributed tables in ClickHouse: created, written, and read as a store.
 
 ``tracekit attribute`` writes one row per request (``tracekit_requests``), one per
-(request, stage) (``tracekit_request_stages``) and the distinct attribute values of each
+(request, stage) (``tracekit_request_stages``), one per (request, stage, operation)
+(``tracekit_request_operations``) and the distinct attribute values of each
 request's spans (``tracekit_request_attributes``) next to the Collector exporter's spans,
 and keeps a watermark per shard (``tracekit_attribution_state``); the DDL is
 ``sql/clickhouse_attributed.sql``. :func:`open_attributed` reads the selected requests'
@@ -56,11 +57,15 @@ class AttributedNames:
         return f"{self.prefix}request_attributes"
 
     @property
+    def operations(self) -> str:
+        return f"{self.prefix}request_operations"
+
+    @property
     def state(self) -> str:
         return f"{self.prefix}attribution_state"
 
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.requests, self.stages, self.attributes, self.state)
+    def all(self) -> tuple[str, str, str, str, str]:
+        return (self.requests, self.stages, self.attributes, self.state, self.operations)
 
     @classmethod
     def for_table(cls, table: str, prefix: str | None = None) -> AttributedNames:
@@ -88,7 +93,7 @@ def _statements() -> dict[str, str]:
 
 
 def ddl(url: StoreURL, names: AttributedNames, *, cluster: str | None = None) -> list[str]:
-    """The four CREATE TABLE statements, for ``url``'s database (``ON CLUSTER`` given a
+    """The five CREATE TABLE statements, for ``url``'s database (``ON CLUSTER`` given a
     cluster name, with the replicated engine a cluster needs)."""
     if cluster is not None:
         check_identifier(cluster, "--cluster")
@@ -99,16 +104,21 @@ def ddl(url: StoreURL, names: AttributedNames, *, cluster: str | None = None) ->
         "{stages}": f"`{names.stages}`",
         "{attributes}": f"`{names.attributes}`",
         "{state}": f"`{names.state}`",
+        "{operations}": f"`{names.operations}`",
         "{on_cluster}": on_cluster,
     }
+    tables = {
+        "requests": names.requests,
+        "stages": names.stages,
+        "attributes": names.attributes,
+        "state": names.state,
+        "operations": names.operations,
+    }
     out = []
-    for name in ("requests", "stages", "attributes", "state"):
+    for name, table in tables.items():
         text = _statements()[name]
         engine = "ReplacingMergeTree"
         if cluster:
-            table = {"requests": names.requests, "stages": names.stages}.get(
-                name, names.attributes if name == "attributes" else names.state
-            )
             engine = (
                 "ReplicatedReplacingMergeTree("
                 f"'/clickhouse/tables/{{shard}}/{url.database}/{table}', '{{replica}}', "
@@ -139,6 +149,16 @@ def tables_present(client: Any, url: StoreURL, names: AttributedNames) -> bool:
         {"db": url.database, "r": names.requests, "s": names.stages},
     )
     return bool(rows) and int(rows[0][0]) == 2
+
+
+def table_present(client: Any, url: StoreURL, table: str) -> bool:
+    rows = run(
+        client,
+        url,
+        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+        {"db": url.database, "t": table},
+    )
+    return bool(rows) and int(rows[0][0]) == 1
 
 
 def watermarks(client: Any, url: StoreURL, names: AttributedNames) -> dict[str, int]:
@@ -208,6 +228,15 @@ WHERE (TraceId, AttributedAt) IN (SELECT TraceId, AttributedAt FROM {requests} F
                                   WHERE {filter})
 """
 
+_OPERATIONS = """
+SELECT TraceId AS trace_id, Stage AS stage, Service AS service, Operation AS operation,
+       CriticalNs AS critical_ns, Calls AS calls, CallsOnPath AS calls_on_path,
+       Overlapping AS overlapping, Errors AS errors
+FROM {operations} FINAL
+WHERE (TraceId, AttributedAt) IN (SELECT TraceId, AttributedAt FROM {requests} FINAL
+                                  WHERE {filter})
+"""
+
 _ATTRIBUTES = """
 SELECT TraceId AS trace_id, Attribute AS attribute, Value AS value
 FROM {attributes} FINAL
@@ -227,6 +256,7 @@ def _query(sql: str, url: StoreURL, names: AttributedNames) -> str:
         .replace("{requests}", f"{db}.`{names.requests}`")
         .replace("{stages}", f"{db}.`{names.stages}`")
         .replace("{attributes}", f"{db}.`{names.attributes}`")
+        .replace("{operations}", f"{db}.`{names.operations}`")
     )
 
 
@@ -263,7 +293,7 @@ def open_attributed(
     url: StoreURL, selection: Selection, names: AttributedNames | None = None
 ) -> ClickHouseSnapshot | None:
     """The selected requests' attributed rows in an in-memory DuckDB store (``requests``,
-    ``request_stages``, ``request_attributes``; ``spans`` empty), or None when ``url``'s
+    ``request_stages``, ``request_operations``, ``request_attributes``; ``spans`` empty), or None when ``url``'s
     database has no attributed tables. ``notes`` on the store say how far they lag."""
 
     names = names or AttributedNames.for_table(url.table)
@@ -283,6 +313,11 @@ def open_attributed(
             params = selection.parameters()
             for table, sql in (("requests", _REQUESTS), ("request_stages", _STAGES)):
                 _pull_into(store, client, _query(sql, url, names), params, table)
+            if table_present(client, url, names.operations):
+                # absent until `tracekit attribute` runs again on tables it made before
+                _pull_into(
+                    store, client, _query(_OPERATIONS, url, names), params, "request_operations"
+                )
             behind = lag(client, url, names, selection)
             store.attributed = True
             store.training_labels = training_labels(client, url, selection)

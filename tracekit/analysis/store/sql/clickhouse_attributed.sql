@@ -1,10 +1,10 @@
 -- tracekit's attributed tables, next to the Collector exporter's spans: one row per
--- request and one per (request, stage), as tracekit's own `requests` and
--- `request_stages` (sql/schema.sql), written by `tracekit attribute` and read by every
+-- request, one per (request, stage) and one per (request, stage, operation), as
+-- tracekit's own `requests`, `request_stages` and `request_operations` (sql/schema.sql), written by `tracekit attribute` and read by every
 -- analysis command on a ClickHouse store. Rows are versioned by AttributedAt: a trace
 -- attributed again (late spans) replaces its rows, and readers keep the latest version
 -- (FINAL, and stage rows of the request's own version only), so no request counts twice.
--- {db}, {requests}, {stages}, {attributes}, {state} are allow-listed identifiers;
+-- {db}, {requests}, {stages}, {attributes}, {state}, {operations} are allow-listed identifiers;
 -- {on_cluster} is empty or ON CLUSTER `name`; {engine} is ReplacingMergeTree or its
 -- Replicated form.
 
@@ -50,6 +50,27 @@ CREATE TABLE IF NOT EXISTS {db}.{stages} {on_cluster}
 )
 ENGINE = {engine}(AttributedAt)
 ORDER BY (TraceId, Stage)
+
+-- name: operations
+-- Per (request, stage, operation), as `request_operations` (sql/schema.sql): the path time
+-- of each operation beneath its stage, its calls, calls on the path, calls that overlapped
+-- an earlier one under the same parent (0: serial) and calls with an error. Service and
+-- Operation are span text (attacker-controlled), bound as data, never spliced into SQL.
+CREATE TABLE IF NOT EXISTS {db}.{operations} {on_cluster}
+(
+    TraceId         String CODEC(ZSTD(1)),
+    Stage           LowCardinality(String),
+    Service         LowCardinality(String),
+    Operation       LowCardinality(String),
+    CriticalNs      Int64 CODEC(ZSTD(1)),
+    Calls           UInt32,
+    CallsOnPath     UInt32,
+    Overlapping     UInt32,
+    Errors          UInt32,
+    AttributedAt    DateTime64(9)
+)
+ENGINE = {engine}(AttributedAt)
+ORDER BY (TraceId, Stage, Service, Operation)
 
 -- name: attributes
 -- The distinct (attribute, value) pairs of each request's spans that BubbleUp may rank

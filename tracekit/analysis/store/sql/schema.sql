@@ -1,5 +1,5 @@
--- tracekit store schema. One row per span in `spans`; `requests` and `request_stages`
--- are derived by tracekit.analysis.attribution.per_request.refresh() after each ingest.
+-- tracekit store schema. One row per span in `spans`; `requests`, `request_stages` and
+-- `request_operations` are derived by tracekit.analysis.attribution.per_request.refresh() after each ingest.
 -- IDs are lower-case hex (trace 32 chars, span 16 chars); times are integer nanoseconds.
 
 CREATE TABLE IF NOT EXISTS spans (
@@ -61,6 +61,22 @@ CREATE TABLE IF NOT EXISTS request_stages (
     cpu_time_ns  BIGINT,                    -- sum of tracekit.cpu_time_ns, NULL when never measured
     gpu_time_ns  BIGINT,                    -- sum of tracekit.gpu_time_ns, NULL when never measured
     PRIMARY KEY (trace_id, stage)
+);
+
+-- Operations under stages: per request, per stage, the operations its spans perform
+-- (tracekit.analysis.attribution.operations): a span's service and name with ids masked; a
+-- CLIENT span names what it calls (its callee's SERVER span, else server address and URL).
+CREATE TABLE IF NOT EXISTS request_operations (
+    trace_id       VARCHAR NOT NULL,
+    stage          VARCHAR NOT NULL,        -- the spans' effective stage, or 'unattributed'
+    service        VARCHAR NOT NULL,
+    operation      VARCHAR NOT NULL,        -- attacker-controlled text, at most 96 characters
+    critical_ns    BIGINT NOT NULL,         -- the operation's own time on the critical path
+    calls          INTEGER NOT NULL,        -- a CLIENT span and its callee's SERVER span: one call
+    calls_on_path  INTEGER NOT NULL,        -- calls with critical-path time in their subtree
+    overlapping    INTEGER NOT NULL,        -- calls begun while an earlier one under the same parent ran (0: serial)
+    errors         INTEGER NOT NULL,        -- calls with a span of status ERROR
+    PRIMARY KEY (trace_id, stage, service, operation)
 );
 
 CREATE TABLE IF NOT EXISTS ingest_log (
