@@ -229,10 +229,11 @@ def _checked_span(
             chosen = ref
             parent = normalize_id(ref.get("spanID"), SPAN_HEX, origin, line)
             break
+    # A FOLLOWS_FROM parent stays a link too (the OpenTelemetry Collector's translation
+    # keeps both): attribution leaves such a span off the request's critical path.
+    follows = chosen is not None and str(chosen.get("refType", "")).upper() == "FOLLOWS_FROM"
     for ref in refs:
-        # A FOLLOWS_FROM parent stays a link too (the OpenTelemetry Collector's translation
-        # keeps both): attribution leaves such a span off the request's critical path.
-        if ref is chosen and str(ref.get("refType", "")).upper() != "FOLLOWS_FROM":
+        if ref is chosen and not follows:
             continue
         links.append(
             {
