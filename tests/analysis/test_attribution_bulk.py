@@ -173,6 +173,8 @@ def _random_rows(rnd: random.Random, trace_no: int) -> list[tuple[Any, ...]]:
             attrs[cv.DB_SYSTEM] = "redis"
         if rnd.random() < 0.3:  # what a CLIENT span calls when no SERVER span answers
             attrs.update(rnd.choice(_CLIENT_ATTRS))
+        if rnd.random() < 0.3:  # a failure the status may leave unset (span_failed)
+            attrs[cv.HTTP_RESPONSE_STATUS_CODE] = rnd.choice([200, 404, 500, "503", "x"])
         rows.append(
             (
                 tid,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tracekit import conventions as cv
+from tracekit.analysis.attribution import per_request
 from tracekit.analysis.attribution.explain import explain_trace
 from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import Store
@@ -188,3 +189,49 @@ def test_hotrod_headline_names_operations_and_json_carries_them(
     assert "n_plus_one  redis-manual GetDriver ×13: 13 serial calls" in table
     assert "| downstream | redis-manual | GetDriver | 205.7 ms | 13 | 13 | yes | 3 |" in md
     assert "- `retry` redis-manual GetDriver ×3: 3 repeated calls" in md
+
+
+def _stored_operations(store: Store, trace_id: str) -> list[tuple[object, ...]]:
+    got = store.run(
+        "SELECT stage, service, operation, critical_ns, calls, calls_on_path, overlapping, "
+        "errors FROM request_operations WHERE trace_id = $t",
+        {"t": trace_id},
+    )
+    return sorted(
+        (stage, svc, op, crit / 1e6, calls, on, over == 0, err)
+        for stage, svc, op, crit, calls, on, over, err in got
+    )
+
+
+@pytest.mark.parametrize("trace", ["serial", "concurrent", "demo"])
+def test_explain_shows_the_operation_rows_the_store_keeps(
+    store: Store, corpus_dir: Path, trace: str
+) -> None:
+    if trace == "demo":
+        b = TraceBuilder(service="ranker", version="v1", seed=4)
+        r = worked_example(b)
+        r.span(  # a failed call the status leaves unset: the 503 says so
+            "GET /stock",
+            start_ms=150,
+            duration_ms=4,
+            kind="CLIENT",
+            attributes={cv.SERVER_ADDRESS: "stock", cv.HTTP_RESPONSE_STATUS_CODE: 503},
+        )
+        b.load(store)
+        trace_id = r.trace_id
+    else:
+        name = f"otlp/jaegerv3_n_plus_one_full_{trace}"
+        ingest_paths(store, [corpus_dir / f"{name}.json"])
+        per_request.refresh(store)
+        trace_id = json.loads((corpus_dir / f"{name}.manifest.json").read_text())["trace_id"]
+    e = explain_trace(store, trace_id)
+    shown = sorted(
+        (o.stage, o.service, o.operation, o.path_ms, o.calls, o.calls_on_path, o.serial, o.errors)
+        for o in e.operations
+    )
+    assert shown == _stored_operations(store, e.trace_id)
+    assert [o.path_ms for o in e.operations] == sorted(
+        (o.path_ms for o in e.operations), reverse=True
+    )
+    # HotROD's three redis timeouts; the demo's 503
+    assert sum(o.errors for o in e.operations) == (1 if trace == "demo" else 3)

@@ -10,6 +10,7 @@ import pytest
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import per_request
+from tracekit.analysis.attribution.operations import span_failed
 from tracekit.analysis.attribution.payloads import ingest_otlp_payloads
 from tracekit.analysis.ingest import ingest_paths
 from tracekit.analysis.store import Store, open_store
@@ -194,3 +195,47 @@ def test_top_operations_of_the_tail(store: Store) -> None:
     assert fast.requests == 16 and fast.operations[0].calls_per_request == 2
     assert top_operations(store, "nope").operations == []
     assert json.dumps([o.operation for o in tail.operations])
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "code", "failed"),
+    [
+        ("CLIENT", "ERROR", 200, True),
+        ("CLIENT", "UNSET", 404, True),
+        ("CLIENT", "UNSET", 399, False),
+        ("SERVER", "UNSET", 404, False),
+        ("SERVER", "UNSET", 503, True),
+        ("SERVER", "OK", 503, False),
+        ("INTERNAL", "UNSET", 500, False),
+        ("CLIENT", "UNSET", None, False),
+    ],
+)
+def test_a_span_failed_by_status_or_by_the_http_semantic_conventions(
+    kind: str, status: str, code: int | None, failed: bool
+) -> None:
+    assert span_failed(kind, status, code) is failed
+
+
+def test_http_error_codes_fail_a_call_whose_status_is_unset(store: Store) -> None:
+    b = TraceBuilder(service="ranker", version="v1", seed=2)
+    r = b.request(duration_ms=100)
+    code = cv.HTTP_RESPONSE_STATUS_CODE
+    # a 404 answers the client: its call failed, though the server did nothing wrong
+    miss = r.span("GET /item", start_ms=0, duration_ms=10, kind="CLIENT", attributes={code: 404})
+    r.span("GET /item", start_ms=1, duration_ms=8, kind="SERVER", parent=miss, service="items")
+    # a server's 503 fails the call, the client span said nothing
+    busy = r.span("GET /stock", start_ms=20, duration_ms=10, kind="CLIENT")
+    r.span(
+        "GET /stock",
+        start_ms=21,
+        duration_ms=8,
+        kind="SERVER",
+        parent=busy,
+        service="stock",
+        attributes={code: "503"},
+    )
+    r.span("GET /ok", start_ms=40, duration_ms=10, kind="CLIENT", attributes={code: 200})
+    b.load(store)
+    ops = rows(store)
+    assert [ops[op][-1] for op in [("items", "GET /item"), ("stock", "GET /stock")]] == [1, 1]
+    assert ops["ranker", "GET /ok"][-1] == 0

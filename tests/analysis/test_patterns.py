@@ -266,3 +266,16 @@ def test_release_counts_traces_and_findings(store: Store) -> None:
     assert (tail.examined, tail.available) == (1, 2)
     assert release_patterns(store, "v1", ids[1:], limit=1) == tail  # deterministic
     assert release_patterns(store, "v9").examined == 0
+
+
+def test_a_retry_after_an_http_error_the_status_left_unset(store: Store) -> None:
+    b = TraceBuilder(seed=37)
+    r = b.request(duration_ms=100)
+    code = cv.HTTP_RESPONSE_STATUS_CODE
+    first = r.span("GET /a", start_ms=0, duration_ms=10, kind="CLIENT", attributes={code: 429})
+    r.span("GET /a", start_ms=20, duration_ms=10, kind="CLIENT", attributes={code: 200})
+    b.load(store)
+    e = explain_trace(store, r.trace_id)
+    (retry,) = _kinds(e, RETRY)
+    assert (retry.span_id, retry.count) == (first.span_id, 1)
+    assert next(o for o in e.operations if o.operation == "GET /a").errors == 1

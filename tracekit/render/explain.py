@@ -27,10 +27,11 @@ from tracekit.analysis.attribution.explain import (
     ExplainSpan,
     ExplainStage,
     Explanation,
+    Operation,
     ProfileOp,
 )
 from tracekit.analysis.attribution.operations import operation_name
-from tracekit.analysis.attribution.patterns import Operation, Pattern
+from tracekit.analysis.attribution.patterns import Pattern
 from tracekit.render.common import (
     as_text,
     markdown_cell,

@@ -92,7 +92,8 @@ class SpanArrays:
     op_names: list[tuple[str, str]] = field(default_factory=list)
     """(service, operation) by operation code."""
     is_error: B | None = None
-    """Status ERROR (None: no span is)."""
+    """The span failed (``operations.failed_rows``: status ERROR, or UNSET with an HTTP
+    error code for its kind); None: no span did."""
 
 
 def _empty() -> I64:

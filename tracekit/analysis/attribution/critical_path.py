@@ -104,7 +104,8 @@ class TraceInput:
     ``opentracing.ref_type`` is ``follows_from``) or, parentless, by a link into its own
     trace: caused by the request, not waited for. None: no span is."""
     error: list[bool] | None = None
-    """Status ERROR; used only by the operations (``operations.request_operations``)."""
+    """The span failed (``operations.span_failed``: status ERROR, or UNSET with an HTTP
+    error code for its kind); used only by the operations and the patterns."""
     client: (
         list[tuple[str | None, str | None, str | None, str | None, str | None] | None] | None
     ) = None

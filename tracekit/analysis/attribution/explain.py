@@ -22,13 +22,14 @@ from typing import Any
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution import per_request as attribution
-from tracekit.analysis.attribution.patterns import (
-    Operation,
-    Pattern,
-    trace_findings,
-    wanted_attributes,
+from tracekit.analysis.attribution.operations import (
+    OperationRow,
+    request_operations,
+    trace_calls,
 )
+from tracekit.analysis.attribution.patterns import Pattern, trace_patterns, wanted_attributes
 from tracekit.analysis.store import Store
+from tracekit.analysis.store.span_attributes import span_attributes
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
@@ -73,7 +74,6 @@ ORDER BY start_ns NULLS LAST, profile_id
 _PROFILE_IDS_SQL = """
 SELECT profile_id FROM profiles WHERE list_contains(trace_ids, $trace) ORDER BY profile_id
 """
-_ATTRIBUTES_SQL = "SELECT span_id, attributes::VARCHAR FROM spans WHERE trace_id = $trace"
 _DERIVED_SQL = """
 SELECT span_id, json_extract_string(attributes, $path) FROM spans
 WHERE trace_id = $trace AND stage IS NOT NULL AND json_extract_string(attributes, $path) IS NOT NULL
@@ -117,6 +117,39 @@ class ExplainSpan:
     @property
     def on_critical_path(self) -> bool:
         return self.critical_ms > 0
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of the request beneath one stage: a row of ``request_operations``
+    (:class:`~tracekit.analysis.attribution.operations.OperationRow`, which says how
+    operations are named, what a call is and when one failed), with its time in ms."""
+
+    service: str
+    operation: str
+    stage: str
+    path_ms: float
+    """Critical-path time charged to the operation's spans themselves (a CLIENT span's
+    and its callee SERVER span's own time, not their children's)."""
+    calls: int
+    calls_on_path: int
+    serial: bool
+    """No call started while an earlier call of it under the same parent still ran."""
+    errors: int
+    """Calls in which the CLIENT span or its SERVER span failed."""
+
+    @classmethod
+    def of_row(cls, row: OperationRow) -> Operation:
+        return cls(
+            service=row.service,
+            operation=row.operation,
+            stage=row.stage,
+            path_ms=row.critical_ns / NS_PER_MS,
+            calls=row.calls,
+            calls_on_path=row.calls_on_path,
+            serial=row.serial,
+            errors=row.errors,
+        )
 
 
 @dataclass
@@ -219,8 +252,8 @@ class Explanation:
     profiles: list[ExplainProfile] = field(default_factory=list)
     """Profiles captured on trigger that this request triggered or ran under."""
     operations: list[Operation] = field(default_factory=list)
-    """What the request's spans called, beneath each stage, longest path time first
-    (:mod:`tracekit.analysis.attribution.patterns`)."""
+    """What the request's spans called, beneath each stage, longest path time first: the
+    rows the store keeps for the request (``request_operations``), computed alike."""
     patterns: list[Pattern] = field(default_factory=list)
     """``n_plus_one``, ``retry``, ``timeout`` and ``error_origin`` findings, with evidence."""
 
@@ -313,10 +346,15 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
                 derived=derived_stages.get(name),
             )
         )
-    attrs = {
-        sid: wanted_attributes(text) for sid, text in store.run(_ATTRIBUTES_SQL, {"trace": full})
-    }
-    findings = trace_findings(t, a, c["status_code"], [attrs.get(s, {}) for s in t.span_id])
+    attrs = span_attributes(store, [full])
+    calls = trace_calls(t, a)
+    operations = sorted(
+        (Operation.of_row(row) for row in request_operations(t, a, calls)),
+        key=lambda o: (-o.path_ms, o.stage, o.service, o.operation),
+    )
+    patterns = trace_patterns(
+        t, a, [wanted_attributes(attrs.get((full, s))) for s in t.span_id], calls
+    )
     root_id = t.span_id[a.root]
     release = store.con.execute(_RELEASE_SQL, {"trace": full, "span": root_id}).fetchone()
     return Explanation(
@@ -333,8 +371,8 @@ def explain_trace(store: Store, trace_id: str) -> Explanation:
         skewed_spans=a.skewed_spans,
         fallback=a.fallback,
         profiles=trace_profiles(store, full),
-        operations=findings.operations,
-        patterns=findings.patterns,
+        operations=operations,
+        patterns=patterns,
     )
 
 

@@ -10,6 +10,14 @@ the customer service and to the route service are two operations. When the calle
 service traced its side, the client span takes its child SERVER span's service and name
 (``customer`` / ``GET /customer``); otherwise the server's address and the URL template
 (``url.template``, :data:`tracekit.conventions.URL_TEMPLATE`, else the path of ``url.full`` with ids masked) stand in for them.
+
+A call failed when one of its spans did (:func:`span_failed`): status ERROR, or status
+UNSET on an HTTP span whose response code the HTTP semantic conventions call an error
+(a CLIENT span's 4xx and 5xx, a SERVER span's 5xx). The conventions tell the
+instrumentation to set ERROR there; some leave the status unset (hand-made spans, older
+or partial instrumentations), and the request's own error flag already counts its 5xx,
+so tracekit infers what the conventions would have set. A status OK stands: someone
+decided that response was fine.
 """
 
 from __future__ import annotations
@@ -32,6 +40,36 @@ from tracekit.analysis.attribution.critical_path import (
 
 OPERATION_MAX: Final = 96
 """Longest operation name kept (masked names rarely come near it; ids are masked first)."""
+
+
+HTTP_ERROR_FROM: Final = {"CLIENT": 400, "SERVER": 500}
+"""Per span kind, the lowest ``http.response.status_code`` that fails a span whose status
+is UNSET: the HTTP semantic conventions' rule for when instrumentation sets ERROR."""
+
+
+def span_failed(kind: str, status: str, http_status: float | None) -> bool:
+    """Whether one span failed: status ERROR, or status UNSET with an HTTP error code
+    for its kind (:data:`HTTP_ERROR_FROM`; ``http_status`` None: no code)."""
+    if status == "ERROR":
+        return True
+    if status != "UNSET" or http_status is None:
+        return False
+    limit = HTTP_ERROR_FROM.get(kind)
+    return limit is not None and http_status >= limit
+
+
+def failed_rows(
+    status_error: npt.NDArray[np.bool_],
+    http_status: npt.NDArray[np.float64],
+    is_client: npt.NDArray[np.bool_],
+    is_server: npt.NDArray[np.bool_],
+) -> npt.NDArray[np.bool_]:
+    """:func:`span_failed` for many rows: ``http_status`` holds the code of spans whose
+    status is UNSET and NaN for every other row (no code, or a status set)."""
+    with np.errstate(invalid="ignore"):
+        client = is_client & (http_status >= HTTP_ERROR_FROM["CLIENT"])
+        server = is_server & (http_status >= HTTP_ERROR_FROM["SERVER"])
+    return np.asarray(status_error | client | server, dtype=bool)
 
 
 def operation_name(name: str) -> str:
@@ -117,7 +155,8 @@ class OperationRow:
     """Calls that started while an earlier call of the operation under the same parent
     still ran (by more than :data:`BACK_TO_BACK_NS`); 0: the calls were serial."""
     errors: int
-    """Calls in which a span of the call (the CLIENT span or its SERVER span) has status ERROR."""
+    """Calls in which a span of the call (the CLIENT span or its SERVER span) failed
+    (:func:`span_failed`)."""
 
     @property
     def serial(self) -> bool:
@@ -166,40 +205,55 @@ def span_operations(t: TraceInput) -> list[tuple[str, str]]:
     return out
 
 
-def request_operations(t: TraceInput, a: TraceAnalysis) -> list[OperationRow]:
-    """The operations of one analysed request: the reference for the bulk walk's rows.
+@dataclass(frozen=True, slots=True)
+class Calls:
+    """One analysed request's spans grouped into calls: what :func:`request_operations`
+    counts and what the patterns (:mod:`.patterns`) read, defined here once."""
 
-    Every span of the walked tree counts (spans off the request — detached, wholly
-    outside their parent, dropped orphans — do not); rows are sorted by
-    (stage, service, operation).
-    """
+    ops: list[tuple[str, str]]
+    """``(service, operation)`` of every span (:func:`span_operations`)."""
+    tree: list[int]
+    """The walked spans (the request's tree), parents before children."""
+    call_of: dict[int, int]
+    """The call each walked span belongs to, named by the call's first span."""
+    failed: dict[int, bool]
+    """Calls in which a span failed (:func:`span_failed`), by first span."""
+    path_ns: list[int]
+    """Critical-path time in each span's subtree (the span's own included)."""
+    groups: dict[tuple[int, tuple[str, str]], list[int]]
+    """Calls by (calling parent, operation), ordered by (start, end, position), the
+    times clipped to the parent as the walk clips them."""
+    overlapping: set[int]
+    """Calls that started while an earlier call of their group still ran (by more than
+    :data:`BACK_TO_BACK_NS`)."""
+
+
+def trace_calls(t: TraceInput, a: TraceAnalysis) -> Calls:
+    """The calls of one analysed request (see :class:`OperationRow` for what a call is)."""
     ops = span_operations(t)
     tp = a.tree_parent
     tree = [i for i in range(len(tp)) if tp[i] is not None or i == a.root]
     tree.sort(key=lambda i: a.depth[i])
-    crit = a.critical_ns
-    sub = list(crit)  # critical time in each span's subtree, bottom-up
+    sub = list(a.critical_ns)  # critical time in each span's subtree, bottom-up
     for i in reversed(tree):
         p = tp[i]
         if p is not None:
             sub[p] += sub[i]
     err = t.error or [False] * len(tp)
     call_of: dict[int, int] = {}
-    call_err: dict[int, bool] = {}
+    failed: dict[int, bool] = {}
     for i in tree:  # top-down: a span of its parent's operation belongs to its call
         p = tp[i]
         c = call_of[p] if p is not None and ops[p] == ops[i] else i
         call_of[i] = c
-        if err[i]:
-            call_err[c] = True
+        failed[c] = failed.get(c, False) or err[i]
     cs, ce = a.clipped_start, a.clipped_end
-    # Overlap: calls of one operation under one parent, by (start, end, position).
     groups: dict[tuple[int, tuple[str, str]], list[int]] = {}
     for i in tree:
         p = tp[i]
         if p is not None and call_of[i] == i:
             groups.setdefault((p, ops[i]), []).append(i)
-    overlaps: set[int] = set()
+    overlapping: set[int] = set()
     for calls in groups.values():
         calls.sort(key=lambda i: (cs[i], ce[i], i))
         reach: int | None = None
@@ -207,21 +261,38 @@ def request_operations(t: TraceInput, a: TraceAnalysis) -> list[OperationRow]:
             s, e = cs[i], ce[i]
             assert s is not None and e is not None
             if reach is not None and reach - BACK_TO_BACK_NS > s:
-                overlaps.add(i)
+                overlapping.add(i)
             reach = e if reach is None else max(reach, e)
+    return Calls(ops, tree, call_of, failed, sub, groups, overlapping)
+
+
+def request_operations(
+    t: TraceInput, a: TraceAnalysis, calls: Calls | None = None
+) -> list[OperationRow]:
+    """The operations of one analysed request: the reference for the bulk walk's rows,
+    and what ``explain`` shows (``calls``: :func:`trace_calls` of it, when made already).
+
+    Every span of the walked tree counts (spans off the request — detached, wholly
+    outside their parent, dropped orphans — do not); each span's path time goes to the
+    row of its own effective stage, so per stage the rows add up to the stage's path
+    time; a call is counted in the row of its first span. Rows are sorted by
+    (stage, service, operation).
+    """
+    c = trace_calls(t, a) if calls is None else calls
+    crit = a.critical_ns
     rows: dict[tuple[str, str, str], list[int]] = {}
-    for i in tree:
+    for i in c.tree:
         stage = a.effective_stage[i] or cv.UNATTRIBUTED
-        key = (stage, *ops[i])
+        key = (stage, *c.ops[i])
         row = rows.get(key)
         if row is None:
             row = rows[key] = [0, 0, 0, 0, 0]
         row[0] += crit[i]
-        if call_of[i] == i:
+        if c.call_of[i] == i:
             row[1] += 1
-            row[2] += sub[i] > 0
-            row[3] += i in overlaps
-            row[4] += call_err.get(i, False)
+            row[2] += c.path_ns[i] > 0
+            row[3] += i in c.overlapping
+            row[4] += c.failed[i]
     return [OperationRow(*key, *vals) for key, vals in sorted(rows.items())]
 
 

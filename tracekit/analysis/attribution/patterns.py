@@ -1,10 +1,12 @@
 """Patterns in one trace, each named with its evidence; and how often they occur in a release.
 
-:func:`trace_findings` takes one analysed trace (its :class:`~.critical_path.TraceInput`,
-the :class:`~.critical_path.TraceAnalysis` of :func:`~.critical_path.analyse_trace`, each
-span's status and attributes) and returns its operations (what was called, under which
-stage, with path time, calls and errors; names from :mod:`.operations`) and its
-:class:`Pattern` findings:
+:func:`trace_patterns` takes one analysed trace (its :class:`~.critical_path.TraceInput`,
+the :class:`~.critical_path.TraceAnalysis` of :func:`~.critical_path.analyse_trace` and
+each span's attributes) and returns its :class:`Pattern` findings. It builds on
+:mod:`.operations`' calls (:func:`~.operations.trace_calls`): the same operation names,
+the same calls (a CLIENT span and its callee's SERVER span are one), the same groups of
+calls under one parent and the same failed spans (:func:`~.operations.span_failed`) as
+the operation rows that ``explain`` shows and the store holds.
 
 - ``n_plus_one``: a parent makes at least :data:`N_PLUS_ONE_MIN` serial calls to one
   operation. Only calls that overlap no other call of the group count: a fan-out or a
@@ -39,8 +41,9 @@ from typing import Any, Final
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import critical_path as cp
 from tracekit.analysis.attribution import per_request as attribution
-from tracekit.analysis.attribution.operations import client_target, span_operation
+from tracekit.analysis.attribution.operations import Calls, trace_calls
 from tracekit.analysis.store import Store
+from tracekit.analysis.store.span_attributes import span_attributes
 
 N_PLUS_ONE: Final = "n_plus_one"
 RETRY: Final = "retry"
@@ -69,37 +72,12 @@ _TIMEOUT_HTTP = frozenset({408, 504})
 _GRPC_DEADLINE_EXCEEDED = 4
 _CALL_KINDS = frozenset({"CLIENT", "PRODUCER"})
 _KEYS = (
-    cv.HTTP_REQUEST_METHOD,
-    cv.SERVER_ADDRESS,
-    cv.SERVER_PORT,
-    cv.URL_TEMPLATE,
-    cv.URL_FULL,
     cv.HTTP_RESPONSE_STATUS_CODE,
     cv.HTTP_REQUEST_RESEND_COUNT,
     cv.ERROR_TYPE,
     cv.RPC_GRPC_STATUS_CODE,
 )
 NS_PER_MS = 1_000_000.0
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One operation of the request beneath one stage (names: :mod:`.operations`)."""
-
-    service: str
-    operation: str
-    stage: str
-    path_ms: float
-    """Critical-path time charged to the operation's spans themselves (a CLIENT span's
-    and its callee SERVER span's own time, not their children's)."""
-    calls: int
-    """Spans of the operation whose parent is not of the same operation (a CLIENT span
-    and its callee's SERVER span are one call)."""
-    calls_on_path: int
-    serial: bool
-    """No call started while an earlier call of it under the same parent still ran."""
-    errors: int
-    """Calls in which the CLIENT span or its SERVER span failed."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +98,6 @@ class Pattern:
     evidence: str
 
 
-@dataclass
-class TraceFindings:
-    operations: list[Operation]
-    """By path time, longest first."""
-    patterns: list[Pattern]
-    """In :data:`KINDS` order, then as found (parents before children)."""
-
-
 def wanted_attributes(text: str | None) -> dict[str, Any]:
     """The attributes the detection reads, from a span's attributes JSON."""
     if not text:
@@ -139,17 +109,18 @@ def wanted_attributes(text: str | None) -> dict[str, Any]:
     return {k: attrs[k] for k in _KEYS if k in attrs} if isinstance(attrs, dict) else {}
 
 
-def trace_findings(
+def trace_patterns(
     t: cp.TraceInput,
     a: cp.TraceAnalysis,
-    status: Sequence[str],
     attributes: Sequence[Mapping[str, Any]],
-) -> TraceFindings:
-    """Operations and patterns of one analysed trace (``status``/``attributes`` per span,
-    aligned with ``t``; attributes need only :func:`wanted_attributes`' keys)."""
-    tr = _Trace(t, a, status, attributes)
-    patterns = tr.n_plus_one() + tr.retries() + tr.timeouts() + tr.error_origins()
-    return TraceFindings(tr.operations(), patterns)
+    calls: Calls | None = None,
+) -> list[Pattern]:
+    """The patterns of one analysed trace, in :data:`KINDS` order, then as found (parents
+    before children). ``attributes`` per span, aligned with ``t``, need only
+    :func:`wanted_attributes`' keys; ``calls``: :func:`~.operations.trace_calls` of the
+    trace, when made already."""
+    tr = _Trace(t, a, attributes, trace_calls(t, a) if calls is None else calls)
+    return tr.n_plus_one() + tr.retries() + tr.timeouts() + tr.error_origins()
 
 
 def _int(v: Any) -> int | None:
@@ -179,70 +150,33 @@ def round_limit(duration_ns: int) -> int | None:
 
 
 class _Trace:
-    """One trace's walked tree with each span's operation, call and failure."""
+    """One trace's walked tree with its calls (:class:`~.operations.Calls`)."""
 
     def __init__(
         self,
         t: cp.TraceInput,
         a: cp.TraceAnalysis,
-        status: Sequence[str],
         attributes: Sequence[Mapping[str, Any]],
+        calls: Calls,
     ) -> None:
         self.t, self.a, self.attrs = t, a, attributes
         tp = a.tree_parent
-        self.tree = sorted(
-            (i for i in range(len(tp)) if tp[i] is not None or i == a.root),
-            key=lambda i: (a.depth[i], a.clipped_start[i], i),
-        )
+        # Parents first, siblings by start: the order ties are broken in below.
+        self.tree = sorted(calls.tree, key=lambda i: (a.depth[i], a.clipped_start[i], i))
         self.kids: dict[int, list[int]] = {}
         for i in self.tree:
             p = tp[i]
             if p is not None:
                 self.kids.setdefault(p, []).append(i)
-        self.failing = [self._fails(i, status[i]) for i in range(len(tp))]
-        self.op = self._operations()
-        self.sub = list(a.critical_ns)  # critical time in each span's subtree
-        for i in reversed(self.tree):
-            p = tp[i]
-            if p is not None:
-                self.sub[p] += self.sub[i]
-        # A span of its parent's operation (the callee's SERVER span) is part of its call.
-        self.call_of: dict[int, int] = {}
-        for i in self.tree:
-            p = tp[i]
-            self.call_of[i] = self.call_of[p] if p is not None and self.op[p] == self.op[i] else i
-        self.call_failed: dict[int, bool] = {}
-        for i in self.tree:
-            c = self.call_of[i]
-            self.call_failed[c] = self.call_failed.get(c, False) or self.failing[i]
+        self.failing = list(t.error or [False] * len(tp))
+        self.op = calls.ops
+        self.sub = calls.path_ns
+        self.call_of = calls.call_of
+        self.call_failed = calls.failed
+        self.groups = calls.groups
         self.limit = {i: self._limit(i) for i in self.tree if self.failing[i]}
 
     # --- facts per span --------------------------------------------------------
-    def _fails(self, i: int, status: str) -> bool:
-        code = _int(self.attrs[i].get(cv.HTTP_RESPONSE_STATUS_CODE))
-        return status == "ERROR" or (code is not None and code >= 500)
-
-    def _operations(self) -> list[tuple[str, str]]:
-        t = self.t
-        out = []
-        for i in range(len(t.span_id)):
-            callee = target = None
-            if t.kind[i] == "CLIENT":
-                servers = [k for k in self.kids.get(i, []) if t.kind[k] == "SERVER"]
-                if servers:
-                    callee = (t.service[servers[0]], t.name[servers[0]])
-                else:
-                    at = self.attrs[i]
-                    target = client_target(
-                        at.get(cv.HTTP_REQUEST_METHOD),
-                        at.get(cv.SERVER_ADDRESS),
-                        at.get(cv.SERVER_PORT),
-                        at.get(cv.URL_TEMPLATE),
-                        at.get(cv.URL_FULL),
-                    )
-            out.append(span_operation(t.service[i], t.name[i], t.kind[i], callee, target))
-        return out
-
     def _dur(self, i: int) -> int:
         s, e = self.t.start[i], self.t.end[i]
         return 0 if s is None or e is None else max(0, e - s)
@@ -319,30 +253,20 @@ class _Trace:
         return " ".join(self.op[i])
 
     # --- groups of calls -------------------------------------------------------
-    def _groups(self) -> dict[tuple[int, tuple[str, str]], list[int]]:
-        """Calls by (calling parent, operation), in start order."""
-        groups: dict[tuple[int, tuple[str, str]], list[int]] = {}
-        for i in self.tree:
-            p = self.a.tree_parent[i]
-            if p is None or self.call_of[i] != i:
-                continue
-            groups.setdefault((p, self.op[i]), []).append(i)
-        for calls in groups.values():
-            calls.sort(key=lambda c: (self.t.start[c] or 0, c))
-        return groups
-
     def _overlapping(self, calls: list[int]) -> list[bool]:
-        """Per call (in start order): it overlaps another call of the list."""
+        """Per call of a group (in its start order): it overlaps another call of the group,
+        on the times the group was ordered by (clipped to the parent)."""
+        cs, ce = self.a.clipped_start, self.a.clipped_end
         n = len(calls)
         out = [False] * n
         latest = None
         for k, c in enumerate(calls):
-            start = self.t.start[c] or 0
+            start, end = cs[c] or 0, ce[c] or 0
             if latest is not None and start < latest - cp.BACK_TO_BACK_NS:
                 out[k] = True
-            if k + 1 < n and (self.t.start[calls[k + 1]] or 0) < self._end(c) - cp.BACK_TO_BACK_NS:
+            if k + 1 < n and (cs[calls[k + 1]] or 0) < end - cp.BACK_TO_BACK_NS:
                 out[k] = True
-            latest = self._end(c) if latest is None else max(latest, self._end(c))
+            latest = end if latest is None else max(latest, end)
         return out
 
     def _is_call_out(self, i: int) -> bool:
@@ -356,7 +280,7 @@ class _Trace:
     # --- the patterns ----------------------------------------------------------
     def n_plus_one(self) -> list[Pattern]:
         out = []
-        for (p, op), calls in self._groups().items():
+        for (p, op), calls in self.groups.items():
             if len(calls) < N_PLUS_ONE_MIN or not self._is_call_out(calls[0]):
                 continue
             serial = [c for c, o in zip(calls, self._overlapping(calls), strict=True) if not o]
@@ -380,7 +304,7 @@ class _Trace:
 
     def retries(self) -> list[Pattern]:
         out = []
-        for (p, op), calls in self._groups().items():
+        for (p, op), calls in self.groups.items():
             retried: list[int] = []
             failed_before = 0
             resent = 0
@@ -493,42 +417,6 @@ class _Trace:
             )
         return out
 
-    # --- the operation table ---------------------------------------------------
-    def operations(self) -> list[Operation]:
-        a = self.a
-        rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-        overlapped: set[int] = set()
-        for calls in self._groups().values():
-            overlapped.update(c for c, o in zip(calls, self._overlapping(calls), strict=True) if o)
-        for i in self.tree:
-            c = self.call_of[i]
-            stage = a.effective_stage[c] or cv.UNATTRIBUTED
-            row = rows.setdefault(
-                (stage, *self.op[i]),
-                {"path": 0, "calls": 0, "on_path": 0, "overlapping": 0, "errors": 0},
-            )
-            row["path"] += a.critical_ns[i]
-            if c == i:
-                row["calls"] += 1
-                row["on_path"] += self.sub[i] > 0
-                row["overlapping"] += i in overlapped
-                row["errors"] += self.call_failed.get(i, False)
-        out = [
-            Operation(
-                service=svc,
-                operation=op,
-                stage=stage,
-                path_ms=r["path"] / NS_PER_MS,
-                calls=r["calls"],
-                calls_on_path=r["on_path"],
-                serial=r["overlapping"] == 0,
-                errors=r["errors"],
-            )
-            for (stage, svc, op), r in rows.items()
-        ]
-        out.sort(key=lambda o: (-o.path_ms, o.stage, o.service, o.operation))
-        return out
-
 
 # --- in a release ------------------------------------------------------------------
 
@@ -565,9 +453,6 @@ class ReleasePatterns:
 
 
 _RELEASE_IDS_SQL = "SELECT trace_id FROM requests WHERE release = $release ORDER BY trace_id"
-_ATTRIBUTES_SQL = """
-SELECT trace_id, span_id, attributes::VARCHAR FROM spans WHERE list_contains($ids, trace_id)
-"""
 
 
 def _evenly(ids: list[str], n: int) -> list[str]:
@@ -605,13 +490,13 @@ def release_patterns(
         return result
     kinds: dict[str, list[int]] = {}
     ops: dict[tuple[str, str, str], list[int]] = {}
-    for findings in _findings(store, ids):
-        for p in findings.patterns:
+    for found in _findings(store, ids):
+        for p in found:
             kinds.setdefault(p.kind, [0, 0])[1] += 1
             ops.setdefault((p.kind, p.service, p.operation), [0, 0])[1] += 1
-        for kind in {p.kind for p in findings.patterns}:
+        for kind in {p.kind for p in found}:
             kinds[kind][0] += 1
-        for key in {(p.kind, p.service, p.operation) for p in findings.patterns}:
+        for key in {(p.kind, p.service, p.operation) for p in found}:
             ops[key][0] += 1
     n = len(ids)
     result.kinds = [
@@ -626,13 +511,10 @@ def release_patterns(
     return result
 
 
-def _findings(store: Store, ids: list[str]) -> list[TraceFindings]:
-    """Findings of each trace of ``ids`` that the walk analyses."""
+def _findings(store: Store, ids: list[str]) -> list[list[Pattern]]:
+    """The patterns of each trace of ``ids`` that the walk analyses."""
     c = attribution.fetch_spans(store, ids)
-    attrs: dict[tuple[str, str], dict[str, Any]] = {
-        (str(tid), str(sid)): wanted_attributes(text)
-        for tid, sid, text in store.run(_ATTRIBUTES_SQL, {"ids": ids})
-    }
+    attrs = {key: wanted_attributes(text) for key, text in span_attributes(store, ids).items()}
     out = []
     tids = c["trace_id"]
     lo = 0
@@ -644,6 +526,6 @@ def _findings(store: Store, ids: list[str]) -> list[TraceFindings]:
         a = cp.analyse_trace(t)
         if not isinstance(a, str):
             span_attrs = [attrs.get((tids[lo], sid), {}) for sid in t.span_id]
-            out.append(trace_findings(t, a, c["status_code"][lo:hi], span_attrs))
+            out.append(trace_patterns(t, a, span_attrs))
         lo = hi
     return out

@@ -21,7 +21,12 @@ import numpy as np
 from tracekit import conventions as cv
 from tracekit.analysis.attribution import bulk
 from tracekit.analysis.attribution import critical_path as cp
-from tracekit.analysis.attribution.operations import ClientAttrs, operation_codes
+from tracekit.analysis.attribution.operations import (
+    ClientAttrs,
+    failed_rows,
+    operation_codes,
+    span_failed,
+)
 from tracekit.analysis.ingest.jaeger import REF_TYPE_ATTR
 from tracekit.analysis.store import DatabaseError, Store, iter_chunks, schema_sql
 from tracekit.errors import QueryError
@@ -50,6 +55,20 @@ _LINK_SHAPE = '[{"trace_id": "VARCHAR", "span_id": "VARCHAR", "attributes": "JSO
 _CLIENT_SQL = """CASE WHEN {when} THEN [json_extract_string({a}, $cl_method),
     json_extract_string({a}, $cl_address), json_extract_string({a}, $cl_port),
     json_extract_string({a}, $cl_template), json_extract_string({a}, $cl_url)] END AS client"""
+
+
+# A span's HTTP status code where operations.span_failed reads it (an UNSET CLIENT or
+# SERVER span whose attributes name it); NULL elsewhere, so most spans parse nothing.
+_HTTP_STATUS_SQL = """CASE WHEN {n}status_code = 'UNSET' AND {n}kind IN ('CLIENT', 'SERVER')
+  AND contains({n}attributes::VARCHAR, $http_status_key)
+  THEN TRY_CAST(json_extract_string({n}attributes, $http_status) AS DOUBLE) END"""
+
+
+def _http_status_params() -> dict[str, str]:
+    return {
+        "http_status_key": cv.HTTP_RESPONSE_STATUS_CODE,
+        "http_status": json_path(cv.HTTP_RESPONSE_STATUS_CODE),
+    }
 
 
 def _client_params() -> dict[str, str]:
@@ -82,13 +101,14 @@ SELECT trace_id, span_id, parent_span_id, name, kind, status_code,
        coalesce(TRY_CAST(json_extract_string(attributes, $async_path) AS BOOLEAN), false)
          AS background,
        {follows} AS follows,
-       status_code = 'ERROR' AS error,
+       {http_status} AS http_status,
        {client}
 FROM spans
 WHERE $all OR trace_id IN (SELECT trace_id FROM ids)
 ORDER BY trace_id, span_id
 """.format(
     follows=_FOLLOWS_SQL.format(n=""),
+    http_status=_HTTP_STATUS_SQL.format(n=""),
     client=_CLIENT_SQL.format(a="attributes", when="kind = 'CLIENT'"),
 )
 
@@ -136,6 +156,7 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
         "link_shape": _LINK_SHAPE,
         "ref_type": json_path(REF_TYPE_ATTR),
         **_client_params(),
+        **_http_status_params(),
     }
     try:
         with trace_ids_table(store, ids):
@@ -159,7 +180,12 @@ def fetch_spans(store: Store, ids: list[str] | None) -> dict[str, list[Any]]:
     c["is_db"] = [bool(v) for v in c["is_db"]]
     c["background"] = [bool(v) for v in c["background"]]
     c["follows"] = [bool(v) for v in c["follows"]]
-    c["error"] = [bool(v) for v in c["error"]]
+    c["error"] = [
+        span_failed(kind, status, http)
+        for kind, status, http in zip(
+            c["kind"], c["status_code"], c.pop("http_status"), strict=True
+        )
+    ]
     c["client"] = [None if v is None else _attrs_tuple(v) for v in c["client"]]
     c["parent"] = c.pop("parent_span_id")
     c["service"] = c.pop("service_name")
@@ -238,6 +264,7 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        n.kind = 'SERVER' AS is_server, n.kind IN ('CLIENT', 'PRODUCER') AS is_outcall,
        n.kind = 'PRODUCER' AS is_producer, n.kind = 'CONSUMER' AS is_consumer,
        n.kind = 'CLIENT' AS is_client, n.status_code = 'ERROR' AS is_error,
+       {http_status} AS http_status,
        n.service_name,
        -- what a CLIENT span calls, read only when its callee left no SERVER span
        CASE WHEN n.kind = 'CLIENT' THEN n.attributes END AS client_attributes,
@@ -256,7 +283,7 @@ SELECT n.row, n.first_of_trace, n.trace_id, n.span_id, coalesce(p.row, -1)::BIGI
        contains(n.attributes::VARCHAR, $async_key) AND coalesce(TRY_CAST(
             json_extract_string(n.attributes, $async_path) AS BOOLEAN), false) AS background
 FROM num n LEFT JOIN num p ON p.trace_id = n.trace_id AND p.span_id = n.parent_span_id
-""".format(follows=_FOLLOWS_SQL.format(n="n."))
+""".format(follows=_FOLLOWS_SQL.format(n="n."), http_status=_HTTP_STATUS_SQL.format(n="n."))
 
 # Operations are named per distinct (service, span name), never per span: one code each.
 _PAIRS_SQL = """
@@ -268,6 +295,7 @@ FROM (SELECT DISTINCT svc, service_name, name FROM _tk_attr)
 _ARRAYS_SQL = """
 SELECT first_of_trace, parent_row, has_ts, start_ns, end_ns, p.pair,
        coalesce(is_client, false) AS is_client, coalesce(is_error, false) AS is_error,
+       coalesce(http_status, 'NaN'::DOUBLE) AS http_status,
        coalesce(list_position($stages, stage) - 1, -1)::BIGINT AS stage_code,
        tk, svc, is_server, is_outcall, is_batch, coalesce(is_db, false) AS is_db, cpu_ns, gpu_ns,
        coalesce(background, false) AS background, coalesce(is_producer, false) AS is_producer,
@@ -347,6 +375,7 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         "async_path": json_path(cv.COMM_ASYNC),
         "link_shape": _LINK_SHAPE,
         "ref_type": json_path(REF_TYPE_ATTR),
+        **_http_status_params(),
     }
     try:
         with trace_ids_table(store, ids):
@@ -404,7 +433,12 @@ def load_arrays(store: Store, ids: list[str] | None) -> bulk.SpanArrays:
         follows=col("follows", bool),
         op=op,
         op_names=op_names,
-        is_error=col("is_error", bool),
+        is_error=failed_rows(
+            col("is_error", bool),
+            col("http_status", np.float64),
+            col("is_client", bool),
+            np.asarray(np.ma.filled(cols["is_server"], False), dtype=bool),
+        ),
     )
 
 
