@@ -151,10 +151,29 @@ def test_every_command_gives_the_same_json_from_the_attributed_tables(
     ch = run(*command, "--format", "json", "--store", stores["ch"], "--table", stores[source])
     assert duck[0] == ch[0], (duck[2], ch[2])
     assert duck[1], duck[2]
-    assert json.loads(ch[1]) == json.loads(duck[1])
-    assert ch[1] == duck[1]
+    # Patterns are detected in spans, which attributed rows do not carry: null there,
+    # and no pattern flag; everything else (operations included) is the same.
+    got, want = json.loads(ch[1]), _without_patterns(json.loads(duck[1]))
+    assert got == want
+    assert got.get("patterns") in (
+        None,
+        {"before": None, "after": None},
+        {"slow": None, "fast": None},
+    )
     # Read from attributed requests that are up to date: no fallback, no lag.
     assert ch[2] == ""
+
+
+_PATTERN_CODES = ("n_plus_one", "retry", "timeout", "error_origin")
+
+
+def _without_patterns(doc: dict) -> dict:
+    """``doc`` as an attributed store answers it: patterns null, no pattern flag."""
+    if isinstance(doc.get("patterns"), dict):
+        doc["patterns"] = {k: None for k in doc["patterns"]}
+    if isinstance(doc.get("flags"), list):
+        doc["flags"] = [f for f in doc["flags"] if f.get("code") not in _PATTERN_CODES]
+    return doc
 
 
 @pytest.mark.parametrize("source", ["pulled", "attributed", "sharded"])

@@ -55,6 +55,27 @@ class ReleaseRef:
 
 
 @dataclass(frozen=True)
+class NamedOperation:
+    """The operation that holds most of the primary stage's growth (docs/diff.md)."""
+
+    service: str
+    operation: str
+    """Attacker-controlled text from the traces: escape it wherever it is shown."""
+    removed_ms: float
+    """Tail growth that disappears when this operation alone is put back."""
+    stage_removed_ms: float
+    """The same for its whole stage."""
+    share: float
+    """Of the tail growth (as a stage's share)."""
+    calls_before: float
+    calls_after: float
+    """Calls per tail-cohort request."""
+    serial: bool | None
+    """After the release, calls repeated in a request ran one after another (None: no
+    request called it twice)."""
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The answer to "which stage grew the tail, and what kind of time is it"."""
 
@@ -65,6 +86,8 @@ class Verdict:
     """Fraction of the tail growth the primary stage explains (NaN when no stage is
     named; JSON null)."""
     summary: str
+    operation: NamedOperation | None = None
+    """The operation beneath the primary stage that holds most of its growth, if one does."""
 
 
 @dataclass(frozen=True)

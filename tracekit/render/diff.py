@@ -102,6 +102,49 @@ def _sum(a: float, b: float) -> float:
     return (0.0 if a != a else a) + (0.0 if b != b else b)
 
 
+OPERATION_HEADERS = [
+    "operation",
+    "share",
+    "removes",
+    "tail before",
+    "tail after",
+    "calls per request",
+    "serial",
+]
+
+
+def _serial(value: bool | None) -> str:
+    return "–" if value is None else ("serial" if value else "overlapping")
+
+
+def operation_title(result: DiffResult) -> str | None:
+    """``Operations in downstream (ms per tail request)`` when the diff split a stage."""
+    o = result.operations
+    if o is None or not o.shares:
+        return None
+    return f"Operations in {o.stage} (ms per tail request)"
+
+
+def operation_rows(result: DiffResult) -> list[list[str]]:
+    """The primary stage's operations: share of the tail growth (counterfactual), the
+    growth each removes, path ms per tail request before and after, calls per request."""
+    o = result.operations
+    if o is None:
+        return []
+    return [
+        [
+            f"{s.service} {s.operation}",
+            pct(s.share) if s.share == s.share else "–",
+            _num(s.removed_ms, signed=True),
+            _num(s.path_before_ms),
+            _num(s.path_after_ms),
+            f"{s.calls_before:.1f} → {s.calls_after:.1f}",
+            _serial(s.serial),
+        ]
+        for s in o.shares
+    ]
+
+
 ATTRIBUTE_HEADERS = ["attribute = value", "slow", "rest", "lift", "slow traces"]
 
 
@@ -214,6 +257,8 @@ def render_table(result: DiffResult) -> str:
         *[as_text(line, style="dim") for line in hidden_wait_note(result.stages)],
         as_text(cohort_line(result), style="dim"),
     ]
+    if title := operation_title(result):
+        parts += ["", _table(title, OPERATION_HEADERS, operation_rows(result))]
     if result.attributes:
         parts += [
             "",
@@ -254,6 +299,13 @@ def render_markdown(result: DiffResult) -> str:
         *[f"_{line}_\n" for line in hidden_wait_note(result.stages)],
         f"_{printable(cohort_line(result))}_",
     ]
+    if title := operation_title(result):
+        out += [
+            "",
+            f"{printable(title)}:",
+            "",
+            markdown_table(OPERATION_HEADERS, operation_rows(result)),
+        ]
     if result.attributes:
         out += [
             "",

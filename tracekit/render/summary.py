@@ -8,8 +8,10 @@ from typing import Any
 
 from rich.table import Table
 
+from tracekit.analysis.compare.operations import SERIAL_SHARE
 from tracekit.analysis.compare.summary import SlowFast, Summary
 from tracekit.analysis.results import release_name
+from tracekit.analysis.store.operations import OperationStat
 from tracekit.render.common import (
     as_text,
     hidden_wait_note,
@@ -33,6 +35,66 @@ from tracekit.render.diff import (
 from tracekit.render.text import printable
 
 SUMMARY_HEADERS = ["stage", "kind", "mean ms", "tail mean ms", "share of tail"]
+OPERATION_HEADERS = ["stage", "operation", "ms per request", "share", "calls", "serial", "errors"]
+SLOW_OPERATION_HEADERS = [
+    "stage",
+    "operation",
+    "fast ms",
+    "slow ms",
+    "delta ms",
+    "calls fast → slow",
+]
+
+
+def _serial(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return "serial" if value >= SERIAL_SHARE else "overlapping"
+
+
+def operation_rows(stats: Sequence[OperationStat]) -> list[list[str]]:
+    """Top operations of a cohort: path ms and calls per request of the cohort."""
+    return [
+        [
+            o.stage,
+            f"{o.service} {o.operation}",
+            _num(o.path_ms_per_request),
+            pct(o.share),
+            f"{o.calls_per_request:.1f}",
+            _serial(o.serial_share),
+            f"{o.errors_per_request:.1f}",
+        ]
+        for o in stats
+    ]
+
+
+def slow_operation_rows(r: SlowFast) -> list[list[str]]:
+    """The slow cohort's top operations against the same operations in the fast cohort."""
+    if r.operations is None:
+        return []
+    fast = {(o.stage, o.service, o.operation): o for o in r.operations.fast}
+    rows = []
+    for o in r.operations.slow:
+        f = fast.get((o.stage, o.service, o.operation))
+        f_ms = f.path_ms_per_request if f else 0.0
+        f_calls = f.calls_per_request if f else 0.0
+        rows.append(
+            [
+                o.stage,
+                f"{o.service} {o.operation}",
+                _num(f_ms),
+                _num(o.path_ms_per_request),
+                signed_ms(o.path_ms_per_request - f_ms).removesuffix(" ms"),
+                f"{f_calls:.1f} → {o.calls_per_request:.1f}",
+            ]
+        )
+    return rows
+
+
+def _operations_title(cohort: str, what: str) -> str:
+    return f"Operations on the critical path of {what} (≥ {cohort}; per request)"
+
+
 SLOW_HEADERS = ["stage", "kind", "fast mean ms", "slow mean ms", "delta ms", "share of gap"]
 
 
@@ -113,6 +175,9 @@ def render_summaries_table(summaries: Sequence[Summary]) -> str:
                 summary_rows(s),
             ),
         ]
+        if s.operations:
+            title = _operations_title(s.cohort, f"{release_name(s.label)}'s tail")
+            parts.append(_table(title, OPERATION_HEADERS, operation_rows(s.operations)))
         parts += [as_text(line, style="yellow") for line in flag_lines(s.flags)]
         parts.append("")
     return rich_to_text(*parts)
@@ -132,6 +197,14 @@ def render_summaries_markdown(summaries: Sequence[Summary]) -> str:
             markdown_table(SUMMARY_HEADERS, summary_rows(s)),
             "",
         ]
+        if s.operations:
+            title = _operations_title(s.cohort, f"{release_name(s.label)}'s tail")
+            out += [
+                f"{printable(title)}:",
+                "",
+                markdown_table(OPERATION_HEADERS, operation_rows(s.operations)),
+                "",
+            ]
         out += flag_items(s.flags)
     return "\n".join(out).rstrip() + "\n"
 
@@ -156,6 +229,9 @@ def render_slow_table(r: SlowFast) -> str:
         *[as_text(line, style="dim") for line in hidden_wait_note(r.stages)],
         as_text(_cohort_line(r), style="dim"),
     ]
+    if rows := slow_operation_rows(r):
+        title = _operations_title(r.cohort, "slow requests") + ", fast = ≤ p50"
+        parts += ["", _table(title, SLOW_OPERATION_HEADERS, rows)]
     if r.attributes:
         parts += [
             "",
@@ -187,6 +263,9 @@ def render_slow_markdown(r: SlowFast) -> str:
         *[f"_{line}_\n" for line in hidden_wait_note(r.stages)],
         f"_{printable(_cohort_line(r))}_",
     ]
+    if rows := slow_operation_rows(r):
+        title = _operations_title(r.cohort, "slow requests") + ", fast = ≤ p50"
+        out += ["", f"{printable(title)}:", "", markdown_table(SLOW_OPERATION_HEADERS, rows)]
     if r.attributes:
         out += ["", markdown_table(ATTRIBUTE_HEADERS, attribute_rows(r.attributes))]
     if r.exemplars:

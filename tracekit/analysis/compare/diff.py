@@ -19,6 +19,7 @@ import numpy as np
 
 from tracekit import conventions as cv
 from tracekit.analysis.attribution.explain import profile_ids
+from tracekit.analysis.attribution.patterns import ReleasePatterns
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
 from tracekit.analysis.cohorts.release import ReleaseData, load_releases
@@ -35,6 +36,7 @@ from tracekit.analysis.cohorts.tokens import (
     token_summary,
     views_of,
 )
+from tracekit.analysis.compare import operations as ops
 from tracekit.analysis.compare.intervals import CLUSTER_S, clustered_quantile_deltas
 from tracekit.analysis.compare.wording import (
     cpu_flag,
@@ -42,7 +44,7 @@ from tracekit.analysis.compare.wording import (
     quantile_name,
     verdict_sentence,
 )
-from tracekit.analysis.results import Flag, ReleaseRef, Verdict
+from tracekit.analysis.results import Flag, NamedOperation, ReleaseRef, Verdict, release_name
 from tracekit.analysis.store import Store
 
 EXEMPLARS = 3
@@ -137,6 +139,12 @@ class DiffResult:
     tokens: dict[str, TokenSummary] | None = None
     """``before`` and ``after`` token latencies (TTFT, TPOT, token counts) shown beside the
     compared metric, where both releases have LLM requests; None otherwise."""
+    operations: ops.DiffOperations | None = None
+    """The primary stage split by operation (counterfactual) and each tail's top
+    operations; None for a token metric or from :func:`compute_diff` alone."""
+    patterns: dict[str, ReleasePatterns | None] | None = None
+    """``before`` and ``after``: pattern counts over (a sample of) each tail cohort's
+    traces (a value is None where the store holds no spans); None as ``operations``."""
 
 
 def _latency_row(d: QuantileDelta) -> LatencyRow:
@@ -259,7 +267,12 @@ def compute_diff(
     return result
 
 
-def _verdict(tail_delta: QuantileDelta, rows: list[StageDelta], confidence: float) -> Verdict:
+def _verdict(
+    tail_delta: QuantileDelta,
+    rows: list[StageDelta],
+    confidence: float,
+    operation: NamedOperation | None = None,
+) -> Verdict:
     grew = tail_delta.delta > 0 and tail_delta.ci_low > 0
     ranked = sorted(
         (r for r in rows if r.share > 0), key=lambda r: (-r.counterfactual_p99_removed_ms, r.name)
@@ -274,9 +287,14 @@ def _verdict(tail_delta: QuantileDelta, rows: list[StageDelta], confidence: floa
         [(r.name, r.kind, r.share) for r in named],
         confidence,
         all_stages=[r.name for r in rows],
+        detail=ops.operation_phrase(operation) if operation is not None else None,
     )
     return Verdict(
-        primary_stage=primary.name, kind=primary.kind, share=primary.share, summary=sentence
+        primary_stage=primary.name,
+        kind=primary.kind,
+        share=primary.share,
+        summary=sentence,
+        operation=operation,
     )
 
 
@@ -401,6 +419,8 @@ def diff_releases(
         slow_ids=slow_ids,
         kept_ids=kept_ids,
     )
+    if metric == E2E:
+        result = with_operations(store, b, a, result, service=service, route=route)
     return dataclasses.replace(
         result,
         attributes=attributes,
@@ -410,4 +430,103 @@ def diff_releases(
         tokens=None
         if beside[0] is None or beside[1] is None
         else {"before": beside[0], "after": beside[1]},
+    )
+
+
+def _tail_delta(result: DiffResult) -> QuantileDelta:
+    """The tail quantile's delta as :func:`compute_diff` had it (for rewording)."""
+    row = next(r for r in result.latency if r.quantile == result.tail.cohort)
+    q = 0.99 if result.tail.cohort == "p99" else 0.95
+    return QuantileDelta(
+        q=q,
+        before=row.before,
+        after=row.after,
+        delta=row.delta,
+        ci_low=row.ci_low,
+        ci_high=row.ci_high,
+        rel_delta=row.rel_delta,
+        rel_ci_low=row.rel_ci_low,
+        rel_ci_high=row.rel_ci_high,
+        before_tail_n=result.tail.requests_before,
+        after_tail_n=result.tail.requests_after,
+        replicates=np.zeros(0),
+        rel_replicates=np.zeros(0),
+    )
+
+
+def with_operations(
+    store: Store,
+    before: ReleaseData,
+    after: ReleaseData,
+    result: DiffResult,
+    *,
+    service: str | None = None,
+    route: str | None = None,
+    patterns: bool = True,
+) -> DiffResult:
+    """``result`` with the operations beneath its stages: each tail cohort's top
+    operations, the primary stage's split by operation (counterfactual), the verdict
+    naming the operation that holds most of the stage's growth, and (``patterns``) each
+    tail's pattern counts, flagged (docs/diff.md, "Operations")."""
+    t = result.tail
+    top_b = ops.cohort_operations(
+        store,
+        before.label,
+        min_ms=t.threshold_before_ms,
+        service=service,
+        route=route,
+        limit=ops.CANDIDATES,
+    )
+    top_a = ops.cohort_operations(
+        store,
+        after.label,
+        min_ms=t.threshold_after_ms,
+        service=service,
+        route=route,
+        limit=ops.CANDIDATES,
+    )
+    stage = result.verdict.primary_stage
+    shares: list[ops.OperationShare] = []
+    verdict = result.verdict
+    if stage is not None and top_a.operations:
+        q = _tail_delta(result).q
+        shares = ops.operation_shares(
+            store,
+            before,
+            after,
+            stage,
+            q,
+            top_a.operations,
+            top_b.operations,
+            service=service,
+            route=route,
+        )
+        row = next((r for r in result.stages if r.name == stage), None)
+        named = ops.named_operation(row.counterfactual_p99_removed_ms if row else 0.0, shares)
+        if named is not None:
+            verdict = _verdict(_tail_delta(result), result.stages, result.confidence, named)
+    found: dict[str, ReleasePatterns | None] | None = None
+    flags = list(result.flags)
+    if patterns:
+        b_ids = [str(x) for x in before.trace_ids[before.duration_ms >= t.threshold_before_ms]]
+        a_ids = [str(x) for x in after.trace_ids[after.duration_ms >= t.threshold_after_ms]]
+        found = {
+            "before": ops.cohort_patterns(store, before.label, b_ids),
+            "after": ops.cohort_patterns(store, after.label, a_ids),
+        }
+        flags += ops.pattern_flags(
+            found["after"], found["before"], "slow traces", release_name(before.label)
+        )
+    return dataclasses.replace(
+        result,
+        verdict=verdict,
+        operations=ops.DiffOperations(
+            stage=stage,
+            shares=shares,
+            before=top_b.operations[: ops.TOP_OPERATIONS],
+            after=top_a.operations[: ops.TOP_OPERATIONS],
+            available=top_a.available,
+        ),
+        patterns=found,
+        flags=flags,
     )

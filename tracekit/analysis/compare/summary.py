@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tracekit import conventions as cv
+from tracekit.analysis.attribution.patterns import ReleasePatterns
 from tracekit.analysis.cohorts import counterfactual as cf
 from tracekit.analysis.cohorts.bubbleup import AttributeLift, rank_attributes
 from tracekit.analysis.cohorts.release import ReleaseData, load_release
@@ -36,6 +37,7 @@ from tracekit.analysis.cohorts.tokens import (
     read_tokens,
     token_summary,
 )
+from tracekit.analysis.compare import operations as ops
 from tracekit.analysis.compare.diff import EXEMPLARS, Exemplar, with_profile_ids
 from tracekit.analysis.compare.wording import (
     few_requests_flag,
@@ -46,6 +48,7 @@ from tracekit.analysis.compare.wording import (
 )
 from tracekit.analysis.results import Flag
 from tracekit.analysis.store import Store
+from tracekit.analysis.store.operations import OperationStat
 from tracekit.errors import QueryError
 
 SECOND_STAGE_SHARE = 0.2
@@ -84,6 +87,9 @@ class Summary:
     tokens: TokenSummary | None = None
     """Time to first token, time per output token and token counts, where the requests
     carry LLM stages or token attributes; None otherwise."""
+    operations: list[OperationStat] | None = None
+    """Top operations of the tail cohort's critical path (≥ ``threshold_ms``), most path
+    time first; None for a token metric (operations split request time)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,23 @@ class SlowFast:
     flags: list[Flag] = field(default_factory=list)
     estimated_requests: float = 0.0
     """Summed sample weights: the requests ``requests`` kept ones stand for."""
+    operations: SlowOperations | None = None
+    """Top operations of the slow cohort's critical path, and the fast cohort's."""
+    patterns: dict[str, ReleasePatterns | None] | None = None
+    """``slow`` and ``fast``: pattern counts over (a sample of) each cohort's traces (a
+    value is None where the store holds no spans)."""
+
+
+@dataclass(frozen=True)
+class SlowOperations:
+    """Operations of the slow cohort against the fast one (per request of each cohort)."""
+
+    slow: list[OperationStat] = field(default_factory=list)
+    """Most path time first."""
+    fast: list[OperationStat] = field(default_factory=list)
+    """The fast cohort's top operations, most path time first."""
+    available: bool = True
+    """False when the store has no operation rows (re-ingest to fill them)."""
 
 
 def _tail_q(rel: ReleaseData) -> tuple[float, str]:
@@ -201,8 +224,14 @@ def summarize_release(
     tokens = read_tokens(store, data, service=service, route=route)
     view, flags = metric_view(data, metric, tokens)
     summary = compute_summary(view)
+    top = None
+    if metric == E2E:
+        top = ops.cohort_operations(
+            store, label, min_ms=summary.threshold_ms, service=service, route=route
+        ).operations
     return dataclasses.replace(
         summary,
+        operations=top,
         metric=metric,
         tokens=token_summary(data, tokens),
         flags=[*summary.flags, *flags],
@@ -338,7 +367,8 @@ def slow_vs_fast(
                 f"several releases in {store.path} ({present}): pick one with --version"
             )
         label = known[0][0]
-    result = compute_slow_fast(load_release(store, label, service=service, route=route))
+    rel = load_release(store, label, service=service, route=route)
+    result = compute_slow_fast(rel)
     attributes = rank_attributes(
         store, label, result.slow_threshold_ms, service=service, route=route
     )
@@ -353,4 +383,32 @@ def slow_vs_fast(
         for e in result.exemplars
     ]
     exemplars = with_profile_ids(store, exemplars)
-    return SlowFast(**{**result.__dict__, "attributes": attributes, "exemplars": exemplars})
+    slow = ops.cohort_operations(
+        store, label, min_ms=result.slow_threshold_ms, service=service, route=route
+    )
+    fast = ops.cohort_operations(
+        store,
+        label,
+        max_ms=result.fast_threshold_ms,
+        service=service,
+        route=route,
+        limit=ops.CANDIDATES,
+    )
+    slow_ids = [str(t) for t in rel.trace_ids[rel.duration_ms >= result.slow_threshold_ms]]
+    fast_ids = [str(t) for t in rel.trace_ids[rel.duration_ms <= result.fast_threshold_ms]]
+    patterns = {
+        "slow": ops.cohort_patterns(store, label, slow_ids),
+        "fast": ops.cohort_patterns(store, label, fast_ids),
+    }
+    flags = [
+        *result.flags,
+        *ops.pattern_flags(patterns["slow"], patterns["fast"], "slow traces", "fast"),
+    ]
+    return dataclasses.replace(
+        result,
+        attributes=attributes,
+        exemplars=exemplars,
+        operations=SlowOperations(slow.operations, fast.operations, slow.available),
+        patterns=patterns,
+        flags=flags,
+    )

@@ -37,6 +37,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +87,9 @@ from tracekit.analysis.results import (
 )
 from tracekit.analysis.store import Store
 from tracekit.errors import QueryError, TracekitError
+
+if TYPE_CHECKING:
+    from tracekit.analysis.compare.diff import DiffResult
 
 BURSTY_TAIL = "bursty_tail"
 """Warning code when a tested quantile's interval was widened for bursts (as the diff's flag)."""
@@ -416,17 +420,44 @@ def coordinated_omission(before: ReleaseData, after: ReleaseData) -> list[str]:
 
 def _diff_verdict(
     before: ReleaseData, after: ReleaseData, confidence: float, seed: int
-) -> tuple[Verdict | None, list[Flag]]:
-    """The diff's verdict, or a warning saying why there is none (the gate still decides)."""
+) -> tuple[DiffResult | None, list[Flag]]:
+    """The diff (for its verdict), or a warning saying why there is none (the gate still
+    decides)."""
     try:
         from tracekit.analysis.compare.diff import compute_diff
 
-        diff = compute_diff(before, after, confidence=confidence, seed=seed)
-        return diff.verdict, []
+        return compute_diff(before, after, confidence=confidence, seed=seed), []
     except (ValueError, TracekitError) as exc:
         # The verdict only words the failure message; a missing or failing diff must
         # not hide the gate's decision, so say what happened and carry on without it.
         return None, [Flag("no_verdict", f"no stage attribution from the diff: {exc}")]
+
+
+def _named_verdict(
+    store: Store,
+    before: ReleaseData,
+    after: ReleaseData,
+    diff: DiffResult | None,
+    *,
+    metric: str,
+    service: str | None,
+    route: str | None,
+) -> Verdict | None:
+    """The diff's verdict, naming the operation that holds most of the primary stage's
+    growth where one does (request time only: token metrics have no operations)."""
+    if diff is None:
+        return None
+    if metric != E2E or diff.verdict.primary_stage is None:
+        return diff.verdict
+    from tracekit.analysis.compare.diff import with_operations
+
+    try:
+        named = with_operations(
+            store, before, after, diff, service=service, route=route, patterns=False
+        )
+    except TracekitError:
+        return diff.verdict  # the message loses the operation, the gate keeps its decision
+    return named.verdict
 
 
 def run_gate(
@@ -469,5 +500,6 @@ def run_gate(
         if result.result == PASS:
             pending.cancel()
             return result
-        verdict, warnings = pending.result()
+        diff, warnings = pending.result()
+    verdict = _named_verdict(store, b, a, diff, metric=metric, service=service, route=route)
     return with_verdict(result, verdict, warnings)

@@ -26,10 +26,13 @@ from tracekit.render.common import kind_cell, metric_label, ms, pct
 from tracekit.render.diff import (
     ATTRIBUTE_HEADERS,
     LATENCY_HEADERS,
+    OPERATION_HEADERS,
     STAGE_HEADERS,
     attribute_rows,
     cohort_line,
     latency_rows,
+    operation_rows,
+    operation_title,
     stage_rows,
 )
 from tracekit.render.gate import HEADERS as GATE_HEADERS
@@ -37,6 +40,7 @@ from tracekit.render.html import charts
 from tracekit.render.html.escape import LINK_SCHEMES, e, link_url, script_json
 from tracekit.render.html.styles import CSS
 from tracekit.render.html.timeline import autoscale_timeline
+from tracekit.render.summary import SLOW_OPERATION_HEADERS, slow_operation_rows
 
 
 def _plotly_js() -> str:
@@ -195,6 +199,12 @@ def _diff_sections(page: Page, report: Report) -> None:
         table(STAGE_HEADERS, stage_rows(d), "stages"),
         f'<p class="note">{e(cohort_line(d))}</p>',
     )
+    if title := operation_title(d):
+        page.section(
+            "operations",
+            title,
+            table(OPERATION_HEADERS, operation_rows(d), "operations"),
+        )
     if report.before is not None and report.after is not None and d.stages:
         page.section(
             "distributions",
@@ -265,6 +275,14 @@ def _slow_sections(page: Page, report: Report) -> None:
     if report.slow_release is not None:
         body.append(page.chart("latency", charts.slow_curve(s, report.slow_release)))
     body.append(table(["stage", "kind", "slow", "fast", "gap", "share"], rows, "slow"))
+    if op_rows := slow_operation_rows(s):
+        body.append(table(SLOW_OPERATION_HEADERS, op_rows, "operations"))
+    if s.flags:
+        body.append(
+            "<ul class='flags'>"
+            + "".join(f"<li><b>{e(f.code)}</b>: {e(f.message)}</li>" for f in s.flags)
+            + "</ul>"
+        )
     page.section("slow", f"Slow vs fast requests of {s.label}", *body)
 
 
