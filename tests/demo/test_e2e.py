@@ -69,6 +69,14 @@ def test_diff_names_the_injected_stage_and_kind(store: Path, kind: str) -> None:
     assert verdict.kind == regression.expected_kind, message
     if regression.expected_stages:
         assert verdict.primary_stage in regression.expected_stages, message
+    if kind == "downstream":
+        # The demo's pricing call is an httpx CLIENT span whose child SERVER span is
+        # pricing's: the verdict names that operation, not only the stage (issue 36).
+        from tracekit.demo.downstream import PRICE_PATH, SERVICE_NAME
+
+        assert verdict.operation is not None, message
+        assert verdict.operation.service == SERVICE_NAME, message
+        assert f"{SERVICE_NAME} POST {PRICE_PATH}" in verdict.summary, message
 
 
 def test_the_demo_gate_never_fails_no_change_and_fails_the_batch_regression(store: Path) -> None:

@@ -213,10 +213,14 @@ def render_summaries_json(summaries: Sequence[Summary]) -> str:
     return to_json({"releases": list(summaries)})
 
 
+def _count(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
+
+
 def _cohort_line(r: SlowFast) -> str:
     return (
-        f"slow = ≥ {r.cohort} ({r.slow_threshold_ms:.1f} ms, {r.slow_requests} requests); "
-        f"fast = ≤ p50 ({r.fast_threshold_ms:.1f} ms, {r.fast_requests} requests); "
+        f"slow = ≥ {r.cohort} ({r.slow_threshold_ms:.1f} ms, {_count(r.slow_requests)}); "
+        f"fast = ≤ p50 ({r.fast_threshold_ms:.1f} ms, {_count(r.fast_requests)}); "
         f"of {requests_text(r.requests, r.estimated_requests)} in {release_name(r.label)}"
     )
 

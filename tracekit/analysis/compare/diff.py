@@ -410,17 +410,31 @@ def diff_releases(
         tail = a.duration_ms >= result.tail.threshold_after_ms
         slow_ids = [str(t) for t in a.trace_ids[tail]]
         kept_ids = [str(t) for t in a.trace_ids]
-    attributes = rank_attributes(
-        store,
-        after,
-        result.tail.threshold_after_ms,
-        service=service,
-        route=route,
-        slow_ids=slow_ids,
-        kept_ids=kept_ids,
-    )
-    if metric == E2E:
-        result = with_operations(store, b, a, result, service=service, route=route)
+    # The patterns walk a few hundred traces' spans (two scans of the spans table and
+    # Python per span) while the attribute ranking, on this thread, is DuckDB's work:
+    # on a cursor of its own, the walk runs beside it instead of after it.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracekit-patterns") as pool:
+        pending = (
+            pool.submit(tail_patterns, ops.beside(store), b, a, result) if metric == E2E else None
+        )
+        attributes = rank_attributes(
+            store,
+            after,
+            result.tail.threshold_after_ms,
+            service=service,
+            route=route,
+            slow_ids=slow_ids,
+            kept_ids=kept_ids,
+        )
+        if metric == E2E:
+            result = with_operations(
+                store, b, a, result, service=service, route=route, patterns=False
+            )
+        found = pending.result() if pending is not None else None
+    if found is not None:
+        result = dataclasses.replace(
+            result, patterns=found, flags=[*result.flags, *pattern_flags(result, found)]
+        )
     return dataclasses.replace(
         result,
         attributes=attributes,
@@ -505,18 +519,8 @@ def with_operations(
         named = ops.named_operation(row.counterfactual_p99_removed_ms if row else 0.0, shares)
         if named is not None:
             verdict = _verdict(_tail_delta(result), result.stages, result.confidence, named)
-    found: dict[str, ReleasePatterns | None] | None = None
-    flags = list(result.flags)
-    if patterns:
-        b_ids = [str(x) for x in before.trace_ids[before.duration_ms >= t.threshold_before_ms]]
-        a_ids = [str(x) for x in after.trace_ids[after.duration_ms >= t.threshold_after_ms]]
-        found = {
-            "before": ops.cohort_patterns(store, before.label, b_ids),
-            "after": ops.cohort_patterns(store, after.label, a_ids),
-        }
-        flags += ops.pattern_flags(
-            found["after"], found["before"], "slow traces", release_name(before.label)
-        )
+    found = tail_patterns(store, before, after, result) if patterns else None
+    flags = [*result.flags, *pattern_flags(result, found)]
     return dataclasses.replace(
         result,
         verdict=verdict,
@@ -529,4 +533,27 @@ def with_operations(
         ),
         patterns=found,
         flags=flags,
+    )
+
+
+def tail_patterns(
+    store: Store, before: ReleaseData, after: ReleaseData, result: DiffResult
+) -> dict[str, ReleasePatterns | None]:
+    """Pattern counts over (a sample of) each release's tail cohort."""
+    t = result.tail
+    b_ids = [str(x) for x in before.trace_ids[before.duration_ms >= t.threshold_before_ms]]
+    a_ids = [str(x) for x in after.trace_ids[after.duration_ms >= t.threshold_after_ms]]
+    return {
+        "before": ops.cohort_patterns(store, before.label, b_ids),
+        "after": ops.cohort_patterns(store, after.label, a_ids),
+    }
+
+
+def pattern_flags(
+    result: DiffResult, found: dict[str, ReleasePatterns | None] | None
+) -> list[Flag]:
+    if found is None:
+        return []
+    return ops.pattern_flags(
+        found["after"], found["before"], "slow traces", release_name(result.before.label)
     )

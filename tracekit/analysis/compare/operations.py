@@ -234,6 +234,14 @@ def operation_phrase(op: NamedOperation) -> str:
 # --- patterns ---------------------------------------------------------------------------
 
 
+def beside(store: Store) -> Store:
+    """``store`` on a cursor of its own, for a query to run on another thread (a store
+    of attributed rows stays itself: it has no spans for :func:`cohort_patterns`)."""
+    if getattr(store, "attributed", False):
+        return store
+    return Store(store.con.cursor(), store.path)
+
+
 def cohort_patterns(store: Store, label: str, trace_ids: Sequence[str]) -> ReleasePatterns | None:
     """Pattern counts over (a sample of) a cohort's traces; None where the store holds no
     spans to detect them in (a ClickHouse store's attributed rows)."""

@@ -177,7 +177,13 @@ def compute_summary(rel: ReleaseData) -> Summary:
             )
         )
     label = quantile_name(q)
-    prefix = f"{label} {threshold:.1f} ms; the {int(mask.sum())} requests at or above it average"
+    n_tail = int(mask.sum())
+    who = (
+        "the 1 request at or above it averages"
+        if n_tail == 1
+        else (f"the {n_tail} requests at or above it average")
+    )
+    prefix = f"{label} {threshold:.1f} ms; {who}"
     sentence = split_sentence(prefix, tail_total, [(s.name, s.tail_mean_ms) for s in stages])
     top = sorted(stages, key=lambda s: -s.tail_share)
     named = [top[0]] + [s for s in top[1:2] if s.tail_share >= SECOND_STAGE_SHARE] if top else []
