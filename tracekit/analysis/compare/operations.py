@@ -198,11 +198,16 @@ def operation_shares(
 def named_operation(
     stage_removed_ms: float, shares: Sequence[OperationShare]
 ) -> NamedOperation | None:
-    """The operation that removes at least :data:`MOST_OF_STAGE` of its stage's removal."""
+    """The operation that removes at least :data:`MOST_OF_STAGE` of its stage's removal,
+    unless it is the stage's own span (an operation named as its stage)."""
     if not shares or not stage_removed_ms > 0:
         return None
     top = shares[0]
     if not top.removed_ms >= MOST_OF_STAGE * stage_removed_ms:
+        return None
+    if top.operation == top.stage:
+        # The stage's own span (named after its stage, as tracekit.stage() names it): the
+        # stage's time is in no call beneath it, and naming it again says nothing.
         return None
     return NamedOperation(
         service=top.service,
