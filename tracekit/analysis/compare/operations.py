@@ -228,9 +228,12 @@ def _calls(x: float) -> str:
 def operation_phrase(op: NamedOperation) -> str:
     """``+180.0 ms: 160.0 ms of it redis-manual GetDriver, calls per request 3 → 14, serial``."""
     text = (
-        f"{op.stage_removed_ms:+.1f} ms: {op.removed_ms:.1f} ms of it {op.service} {op.operation}, "
-        f"calls per request {_calls(op.calls_before)} → {_calls(op.calls_after)}"
+        f"{op.stage_removed_ms:+.1f} ms: {op.removed_ms:.1f} ms of it {op.service} {op.operation}"
     )
+    before, after = _calls(op.calls_before), _calls(op.calls_after)
+    # Calls per request are evidence only where they changed: "1 → 1" says nothing.
+    if before != after:
+        text += f", calls per request {before} → {after}"
     if op.serial is not None and op.calls_after > 1:
         text += ", serial" if op.serial else ", overlapping"
     return text
