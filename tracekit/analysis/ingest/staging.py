@@ -12,16 +12,14 @@ problems that need the whole input: orphans and children that overflow their par
 
 from __future__ import annotations
 
-import importlib.resources
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 from tracekit.analysis.ingest import cycles, genai, skew
 from tracekit.analysis.ingest import problems as pk
 from tracekit.analysis.ingest.problems import IngestReport, ProblemLog
 from tracekit.analysis.ingest.rows import STAGE_COLUMNS
-from tracekit.analysis.store import DatabaseError, Store
+from tracekit.analysis.store import DatabaseError, Store, named_statements
 
 BATCH_ROWS = 50_000
 """Python-decoded rows handed to DuckDB at a time."""
@@ -38,19 +36,9 @@ _CASTS = {
 }
 
 
-@cache
 def statements() -> dict[str, str]:
     """The named statements of ``sql/ingest_finalize.sql``."""
-    text = (
-        importlib.resources.files("tracekit.analysis.store")
-        .joinpath("sql/ingest_finalize.sql")
-        .read_text()
-    )
-    out: dict[str, str] = {}
-    for chunk in text.split("-- name: ")[1:]:
-        name, _, body = chunk.partition("\n")
-        out[name.strip()] = body.strip()
-    return out
+    return named_statements("ingest_finalize.sql")
 
 
 def sql(name: str) -> str:

@@ -9,6 +9,7 @@ table existed gains it when next opened for writing; read-only, ask :meth:`Store
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import re
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,19 @@ _NON_VARCHAR = {
 }
 SPAN_TYPES: dict[str, str] = {c: _NON_VARCHAR.get(c, "VARCHAR") for c in SPAN_COLUMNS}
 """DuckDB type of each ``spans`` column (as written in ``sql/schema.sql``)."""
+
+
+@functools.cache
+def named_statements(filename: str) -> dict[str, str]:
+    """The statements of ``sql/FILENAME``, each following a ``-- name: NAME`` line, by
+    name; whole-line ``--`` comments inside a statement are dropped."""
+    text = importlib.resources.files("tracekit.analysis.store").joinpath(f"sql/{filename}")
+    out: dict[str, str] = {}
+    for chunk in text.read_text().split("-- name: ")[1:]:
+        name, _, body = chunk.partition("\n")
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        out[name.strip()] = "\n".join(lines).strip()
+    return out
 
 
 def schema_sql() -> str:

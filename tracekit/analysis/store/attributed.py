@@ -13,15 +13,13 @@ spans.
 
 from __future__ import annotations
 
-import importlib.resources
 import time
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import duckdb
 
-from tracekit.analysis.store import schema_sql
+from tracekit.analysis.store import named_statements, schema_sql
 from tracekit.analysis.store.clickhouse import (
     ClickHouseSnapshot,
     Selection,
@@ -77,19 +75,8 @@ class AttributedNames:
         return cls("tracekit_" if table == "otel_traces" else f"tracekit_{table}_")
 
 
-@cache
 def _statements() -> dict[str, str]:
-    text = (
-        importlib.resources.files("tracekit.analysis.store")
-        .joinpath("sql/clickhouse_attributed.sql")
-        .read_text()
-    )
-    out: dict[str, str] = {}
-    for chunk in text.split("-- name: ")[1:]:
-        name, _, body = chunk.partition("\n")
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        out[name.strip()] = "\n".join(lines).strip()
-    return out
+    return named_statements("clickhouse_attributed.sql")
 
 
 def ddl(url: StoreURL, names: AttributedNames, *, cluster: str | None = None) -> list[str]:

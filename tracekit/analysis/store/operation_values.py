@@ -12,15 +12,13 @@ attributed rows are pulled into the same table). The SQL is ``sql/operation_valu
 
 from __future__ import annotations
 
-import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 import numpy.typing as npt
 
-from tracekit.analysis.store import DatabaseError, Store
+from tracekit.analysis.store import DatabaseError, Store, named_statements
 from tracekit.errors import QueryError
 
 NS_PER_MS = 1_000_000.0
@@ -40,18 +38,8 @@ class OperationValues:
     """The request's sample weight."""
 
 
-@cache
 def _statements() -> dict[str, str]:
-    text = (
-        importlib.resources.files("tracekit.analysis.store")
-        .joinpath("sql/operation_values.sql")
-        .read_text()
-    )
-    out: dict[str, str] = {}
-    for chunk in text.split("-- name: ")[1:]:
-        name, _, body = chunk.partition("\n")
-        out[name.strip()] = body.strip()
-    return out
+    return named_statements("operation_values.sql")
 
 
 def operation_values(

@@ -13,11 +13,9 @@ spans is attributed into it). The SQL is ``sql/top_operations.sql``.
 
 from __future__ import annotations
 
-import importlib.resources
 from dataclasses import dataclass, field
-from functools import cache
 
-from tracekit.analysis.store import DatabaseError, Store
+from tracekit.analysis.store import DatabaseError, Store, named_statements
 from tracekit.errors import QueryError
 
 
@@ -66,18 +64,8 @@ class TopOperations:
     """False when the store predates ``request_operations`` (re-ingest to fill it)."""
 
 
-@cache
 def _statements() -> dict[str, str]:
-    text = (
-        importlib.resources.files("tracekit.analysis.store")
-        .joinpath("sql/top_operations.sql")
-        .read_text()
-    )
-    out: dict[str, str] = {}
-    for chunk in text.split("-- name: ")[1:]:
-        name, _, body = chunk.partition("\n")
-        out[name.strip()] = body.strip()
-    return out
+    return named_statements("top_operations.sql")
 
 
 def top_operations(
